@@ -1,0 +1,95 @@
+"""Test matrix: one session per sglang release, each a fresh env with that release's REAL
+wheel (installed --no-deps) plus only what its imports need on a CPU-only machine.
+
+    nox -t ci                      # the CI selection (where fix statuses flip, and the latest)
+    nox -s "tests(sglang='0.5.12')" # one version
+    nox -s demo                    # build a 0.5.11 env and show doctor + check in it
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+
+import nox
+
+nox.options.default_venv_backend = "uv"
+nox.options.error_on_missing_interpreters = True
+
+VERSIONS = [f"0.5.{n}" for n in range(10, 24)]
+CI_VERSIONS = {"0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.23"}
+DEMO_VERSION = "0.5.11"
+SHIMS = os.path.join("tests", "cpu_import_shims")
+
+# What sglang's modules import on a CPU machine (../shared facts, measured per release).
+BASE = [
+    "torchvision==0.28.0", "triton==3.6.0", "numpy", "orjson", "psutil", "pybase64",
+    "requests", "packaging", "pillow", "starlette", "tqdm", "IPython", "pydantic",
+    "aiohttp", "pyzmq", "partial-json-parser", "dill", "sentencepiece", "einops",
+    "compressed-tensors", "gguf", "msgspec", "setproctitle", "uvicorn", "fastapi",
+    # flashinfer is installed --no-deps (its CUDA extras are of no use here); these are
+    # what `import flashinfer` needs on a CPU.
+    "apache-tvm-ffi", "nvidia-ml-py", "tabulate", "click",
+    "pytest",
+]
+# Pins taken from the installed sglang's own metadata.
+PINNED = ("transformers", "openai", "apache-tvm-ffi")
+TEST_ENV = {
+    "PYTHONPATH": SHIMS,
+    "HF_HUB_OFFLINE": "1",
+    "SGLANG_FLASHINFER_WORKSPACE_SIZE": "1048576",
+    "TOKENIZERS_PARALLELISM": "false",
+    "UV_COMPILE_BYTECODE": "1",
+}
+
+
+def _torch() -> str:
+    """The local CPU torch 2.13.0 wheel when pip's find-links has it (seconds instead of
+    a multi-GB CUDA download), else the index's torch 2.13.0."""
+    for d in re.split(r"[\s]+", os.environ.get("PIP_FIND_LINKS", "/opt/wheels")):
+        hits = sorted(glob.glob(os.path.join(d, "torch-2.13.0*cpu*cp311*.whl")))
+        if hits:
+            return hits[0]
+    return "torch==2.13.0"
+
+
+def _pins(session: nox.Session) -> list[str]:
+    code = (
+        "import importlib.metadata as m, re\n"
+        f"want = {set(PINNED) | {'flashinfer-python'}!r}\n"
+        "for r in m.requires('sglang') or []:\n"
+        "    if ';' in r: continue\n"
+        "    n = re.split(r'[<>=!~ \\[]', r, 1)[0].strip().lower().replace('_', '-')\n"
+        "    if n in want: print(re.sub(r'\\[.*?\\]', '', r.replace(' ', '')))\n"
+    )
+    out = session.run("python", "-c", code, silent=True) or ""
+    return out.split()
+
+
+def install_sglang(session: nox.Session, version: str) -> None:
+    env = {"UV_COMPILE_BYTECODE": "1"}
+    session.install("--no-deps", f"sglang=={version}", env=env)
+    pins = _pins(session)
+    flashinfer = [p for p in pins if p.lower().replace("_", "-").startswith("flashinfer-python")]
+    others = [p for p in pins if p not in flashinfer]
+    session.install(_torch(), *BASE, *others, env=env)
+    session.install("--no-deps", *(flashinfer or ["flashinfer-python"]), env=env)
+    # The plugin itself, as users get it (a built wheel, not the source tree).
+    session.install("--no-deps", "--reinstall", ".", env=env)
+    session.install("pluggy", env=env)
+
+
+@nox.session(python="3.11")
+@nox.parametrize("sglang", [nox.param(v, id=v, tags=["ci"] if v in CI_VERSIONS else []) for v in VERSIONS])
+def tests(session: nox.Session, sglang: str) -> None:
+    install_sglang(session, sglang)
+    session.run("pytest", "-m", "not gpu", *session.posargs, env=TEST_ENV)
+
+
+@nox.session(python="3.11")
+def demo(session: nox.Session) -> None:
+    """A default sglang (0.5.11) with the plugin: what doctor and check say."""
+    install_sglang(session, session.posargs[0] if session.posargs else DEMO_VERSION)
+    session.run("sglang-swa-plugin", "doctor", env=TEST_ENV)
+    session.run("sglang-swa-plugin", "check", env=TEST_ENV)

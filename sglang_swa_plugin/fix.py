@@ -1,0 +1,168 @@
+"""What a fix is: the contract every module in ``sglang_swa_plugin.hooks`` (and every
+third-party fix) implements, plus the pluggy hook specification that collects them.
+
+A fix module exposes ``FIX`` (a :class:`Fix` instance) and a pluggy hook implementation::
+
+    from sglang_swa_plugin.fix import Fix, Detection, hookimpl
+
+    class MyFix(Fix):
+        name = "my_fix"
+        summary = "one line"
+        upstream_prs = ("#12345",)
+        targets = ("sglang.srt.layers.attention.foo.FooBackend.forward",)
+
+        def detect(self): return Detection.needed("why")
+        def install(self, hooks): hooks.around(self.targets[0], _wrapper)
+
+    FIX = MyFix()
+
+    @hookimpl
+    def sglang_swa_plugin_fixes():
+        return [FIX]
+
+Third-party packages register such a module under the entry-point group
+``sglang_swa_plugin.fixes``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import pluggy
+
+PROJECT = "sglang_swa_plugin"
+FIXES_ENTRY_POINT_GROUP = "sglang_swa_plugin.fixes"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+class FixSpecs:
+    """pluggy hook specifications."""
+
+    @hookspec
+    def sglang_swa_plugin_fixes(self) -> Sequence["Fix"]:
+        """Return the fixes this plugin module provides."""
+
+
+class Verdict(str, enum.Enum):
+    NEEDED = "needed"
+    NOT_NEEDED = "not needed"  # the installed sglang already has the fix
+    NOT_APPLICABLE = "not applicable"  # the feature the fix is about is absent
+    UNKNOWN = "unknown"  # the installed code has a shape the fix does not recognise
+
+
+@dataclass(frozen=True)
+class Detection:
+    verdict: Verdict
+    reason: str
+
+    @classmethod
+    def needed(cls, reason: str) -> "Detection":
+        return cls(Verdict.NEEDED, reason)
+
+    @classmethod
+    def not_needed(cls, reason: str) -> "Detection":
+        return cls(Verdict.NOT_NEEDED, reason)
+
+    @classmethod
+    def not_applicable(cls, reason: str) -> "Detection":
+        return cls(Verdict.NOT_APPLICABLE, reason)
+
+    @classmethod
+    def unknown(cls, reason: str) -> "Detection":
+        return cls(Verdict.UNKNOWN, reason)
+
+
+class TargetMissing(LookupError):
+    """A hook target named by a fix does not exist in the installed sglang."""
+
+    def __init__(self, target: str, why: str = "not found"):
+        super().__init__(f"{target}: {why}")
+        self.target = target
+
+
+class ScenarioUnavailable(RuntimeError):
+    """The fix's CPU reproduction cannot run here (feature absent, missing package...)."""
+
+
+class Hooks:
+    """What ``Fix.install`` receives: installs hooks on dotted targets.
+
+    ``around(target, fn)``: ``fn(original, *args, **kwargs)`` replaces the target
+    function or method and decides whether and how to call ``original``.
+    ``replace(target, obj)``: the target is replaced by ``obj`` (a function, or a class
+    that subclasses the target class).
+    Implementations: sglang's HookRegistry (sglang >= 0.5.11), direct patching (older
+    sglang), and a temporary installer that undoes itself (``check`` and tests).
+    """
+
+    def around(self, target: str, fn: Callable[..., Any]) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def replace(self, target: str, obj: Any) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+
+class Fix:
+    """Base class of a fix. Subclasses set the class attributes and implement
+    ``detect`` and ``install``; ``reproduce`` is optional (used by ``check``)."""
+
+    name: str = ""
+    summary: str = ""
+    upstream_prs: Sequence[str] = ()
+    # Dotted paths of everything the fix hooks; each must exist when the fix is needed.
+    targets: Sequence[str] = ()
+    # Leading parameter names each target must have for the fix's hook to be correct
+    # (checked by the per-version contract tests where the fix is needed).
+    target_params: Mapping[str, Sequence[str]] = {}
+
+    def detect(self) -> Detection:
+        """Decide from the installed code's structure or behaviour (never from a
+        version string) whether this sglang needs the fix."""
+        raise NotImplementedError
+
+    def install(self, hooks: Hooks) -> None:
+        """Install the fix through ``hooks``. Called only when ``detect`` said NEEDED."""
+        raise NotImplementedError
+
+    def reproduce(self) -> bool:
+        """Run the fix's CPU reproduction on the installed sglang's real classes once
+        and return True when the bug shows. ``check`` calls it without and then with the
+        fix installed. Raise ScenarioUnavailable where it cannot run."""
+        raise ScenarioUnavailable("no CPU scenario for this fix yet")
+
+    def has_scenario(self) -> bool:
+        return type(self).reproduce is not Fix.reproduce
+
+    def __repr__(self) -> str:
+        return f"<fix {self.name}>"
+
+
+def resolve(target: str) -> Any:
+    """Resolve a dotted target the way sglang's HookRegistry does, raising
+    TargetMissing instead of ImportError/AttributeError."""
+    import pkgutil
+
+    try:
+        return pkgutil.resolve_name(target)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise TargetMissing(target, f"{type(e).__name__}: {e}") from None
+
+
+def split_target(target: str) -> "tuple[Any, str]":
+    """(owner object, attribute name) of a dotted target."""
+    owner_path, _, attr = target.rpartition(".")
+    owner = resolve(owner_path)
+    if not hasattr(owner, attr):
+        raise TargetMissing(target, f"{owner_path} has no attribute {attr!r}")
+    return owner, attr
+
+
+def unwrap_function(obj: Any) -> Optional[Callable[..., Any]]:
+    """The plain function behind a staticmethod/classmethod/function, else None."""
+    if isinstance(obj, (staticmethod, classmethod)):
+        obj = obj.__func__
+    return obj if callable(obj) else None

@@ -1,0 +1,72 @@
+"""Shared test helpers (tests/ is on sys.path through pytest's ``pythonpath`` setting)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+SHIMS = HERE / "cpu_import_shims"
+
+
+def _installed_plugin_path() -> str:
+    spec = importlib.util.find_spec("sglang_swa_plugin")
+    assert spec and spec.origin, "sglang-swa-plugin is not installed in this env"
+    return spec.origin
+
+
+def has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except Exception:  # noqa: BLE001
+        return False
+
+
+HAS_PLUGIN_FRAMEWORK = has_module("sglang.srt.plugins")
+needs_framework = pytest.mark.skipif(not HAS_PLUGIN_FRAMEWORK, reason="this sglang has no plugin framework")
+no_framework_only = pytest.mark.skipif(HAS_PLUGIN_FRAMEWORK, reason="this sglang has a plugin framework")
+
+
+def child_env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_SWA_PLUGIN") and k != "SGLANG_PLUGINS"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(SHIMS), extra.pop("PYTHONPATH", "")] if p)
+    env.update(extra)
+    return env
+
+
+PRELUDE = """
+import json, logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="LOG|%(name)s|%(levelname)s|%(message)s")
+"""
+
+
+def run_child(code: str, timeout: int = 240, **env: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (as sglang starts a scheduler process: a new
+    process that imports sglang and calls load_plugins())."""
+    proc = subprocess.run(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
+        env=child_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=str(HERE.parent.parent),  # outside the source tree: import the installed plugin
+    )
+    return proc
+
+
+def child_json(proc: subprocess.CompletedProcess, key: str = "RESULT"):
+    for line in proc.stdout.splitlines():
+        if line.startswith(key + "="):
+            return json.loads(line[len(key) + 1 :])
+    raise AssertionError(f"no {key}= line; rc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-6000:]}")
+
+
+def plugin_log_lines(proc: subprocess.CompletedProcess) -> list:
+    return [l for l in proc.stderr.splitlines() if l.startswith("LOG|sglang.srt.plugins.swa_plugin|")]

@@ -1,0 +1,330 @@
+"""The plugin's foundation on the installed sglang: loading, idempotency, toggles, third-party
+fixes, doctor, and the per-version contract of every needed fix."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from helpers import (
+    HAS_PLUGIN_FRAMEWORK,
+    child_json,
+    needs_framework,
+    no_framework_only,
+    plugin_log_lines,
+    run_child,
+)
+
+from sglang_swa_plugin import config
+from sglang_swa_plugin.core import BUILTIN_MODULES, load_fixes, safe_detect
+from sglang_swa_plugin.fix import Verdict, resolve
+
+LOAD = """
+from sglang.srt.plugins import load_plugins
+load_plugins()
+import sglang_swa_plugin
+print("RESULT=" + json.dumps(sglang_swa_plugin.status()))
+"""
+
+BUILTIN_NAMES = sorted(f.name for f, src in load_fixes() if src == "builtin")
+
+THIRD_PARTY_MODULE = '''
+from sglang_swa_plugin.fix import Fix, Detection, hookimpl
+
+CALLS = []
+
+def _around(original, *args, **kwargs):
+    CALLS.append(1)
+    return original(*args, **kwargs)
+
+class ThirdPartyFix(Fix):
+    name = "acme_demo_fix"
+    summary = "a third-party fix used by the tests"
+    upstream_prs = ("#0",)
+    targets = (TARGET,)
+    def detect(self):
+        return Detection.needed("always, for the test")
+    def install(self, hooks):
+        hooks.around(self.targets[0], _around)
+
+FIX = ThirdPartyFix()
+
+@hookimpl
+def sglang_swa_plugin_fixes():
+    return [FIX]
+'''
+
+REAL_TARGET = "sglang.srt.mem_cache.swa_memory_pool.SWAKVPool.translate_loc_from_full_to_swa"
+MOVED_TARGET = "sglang.srt.mem_cache.swa_memory_pool.SWAKVPool.method_that_moved_away"
+
+
+def third_party_dist(tmp_path, target=REAL_TARGET):
+    """An installed-looking distribution (dist-info with an entry point) on PYTHONPATH."""
+    (tmp_path / "acme_swa_fix.py").write_text(f"TARGET = {target!r}\n" + THIRD_PARTY_MODULE)
+    di = tmp_path / "acme_swa_fix-0.1.dist-info"
+    di.mkdir()
+    (di / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-swa-fix\nVersion: 0.1\n")
+    (di / "entry_points.txt").write_text("[sglang_swa_plugin.fixes]\nacme = acme_swa_fix\n")
+    return str(tmp_path)
+
+
+# ------------------------------------------------------------------------ loading
+
+
+@needs_framework
+def test_load_plugins_runs_plugin_and_logs_one_line_per_fix():
+    proc = run_child(LOAD)
+    st = child_json(proc)
+    assert st["registered"] and st["loaded_via"] == "entry point"
+    assert sorted(st["fixes"]) == BUILTIN_NAMES
+    lines = plugin_log_lines(proc)
+    for name in BUILTIN_NAMES:
+        mine = [l for l in lines if f"fix {name}:" in l]
+        assert len(mine) == 1, (name, lines)
+    for name, rec in st["fixes"].items():
+        assert rec["status"] in {"applied", "not needed", "not applicable"}, (name, rec)
+        assert rec["in_effect"] == (rec["status"] == "applied"), (name, rec)
+
+
+@needs_framework
+def test_sglang_plugins_naming_something_else_keeps_plugin_out():
+    st = child_json(run_child(LOAD, SGLANG_PLUGINS="some_other_plugin"))
+    assert st["registered"] is False and st["fixes"] == {}
+
+
+@needs_framework
+def test_sglang_plugins_naming_us_selects_us():
+    st = child_json(run_child(LOAD, SGLANG_PLUGINS="some_other_plugin,swa_plugin"))
+    assert st["registered"] is True
+
+
+@needs_framework
+def test_disabled_installs_nothing(tmp_path):
+    code = LOAD + f"""
+from sglang_swa_plugin.patching import target_marked_by
+print("MARK=" + json.dumps(target_marked_by({REAL_TARGET!r})))
+"""
+    proc = run_child(code, SGLANG_SWA_PLUGIN="0", PYTHONPATH=third_party_dist(tmp_path))
+    st = child_json(proc)
+    assert {r["status"] for r in st["fixes"].values()} == {"disabled"}
+    assert "acme_demo_fix" in st["fixes"]
+    assert child_json(proc, "MARK") is None
+    assert len(plugin_log_lines(proc)) == len(st["fixes"])
+
+
+@needs_framework
+def test_loading_twice_hooks_each_target_once(tmp_path):
+    code = """
+from sglang.srt.plugins import load_plugins
+from sglang.srt.plugins.hook_registry import HookRegistry
+import sglang_swa_plugin
+from sglang_swa_plugin.core import register
+load_plugins()
+sglang_swa_plugin.register(); register("again")
+import sglang.srt.plugins as p; p._plugins_loaded = False; load_plugins()   # a second full load
+HookRegistry.apply_hooks()
+from sglang_swa_plugin.patching import MARK, _raw, marked_by
+from sglang_swa_plugin.fix import split_target
+out = {}
+for name, rec in sglang_swa_plugin.status()["fixes"].items():
+    for t in rec["installed_targets"]:
+        ours = [h for _, h, _ in HookRegistry._hooks[t] if getattr(h, MARK, None) == name]
+        owner, attr = split_target(t)
+        depth, f = 0, _raw(owner, attr)
+        f = getattr(f, "__func__", f)
+        while f is not None and marked_by(f) == name:
+            depth += 1
+            f = getattr(f, "__wrapped__", None)
+        out[t] = [len(ours), depth]
+print("RESULT=" + json.dumps(out))
+"""
+    proc = run_child(code, PYTHONPATH=third_party_dist(tmp_path))
+    counts = child_json(proc)
+    assert REAL_TARGET in counts
+    for t, (registered, depth) in counts.items():
+        assert registered == 1 and depth == 1, (t, registered, depth)
+
+
+@needs_framework
+def test_third_party_fix_is_found_applied_and_runs(tmp_path):
+    code = LOAD + """
+import acme_swa_fix
+from sglang_swa_plugin import testbed
+pool = testbed.make_swa_pool()
+pool.translate_loc_from_full_to_swa(__import__("torch").arange(3))
+print("CALLS=" + json.dumps(len(acme_swa_fix.CALLS)))
+"""
+    proc = run_child(code, PYTHONPATH=third_party_dist(tmp_path))
+    st = child_json(proc)
+    rec = st["fixes"]["acme_demo_fix"]
+    assert rec["status"] == "applied" and rec["in_effect"], rec
+    assert rec["source"].startswith("entry point acme")
+    assert child_json(proc, "CALLS") == 1
+
+
+@needs_framework
+def test_moved_target_is_skipped_with_one_warning_naming_it(tmp_path):
+    proc = run_child(LOAD, PYTHONPATH=third_party_dist(tmp_path, MOVED_TARGET))
+    rec = child_json(proc)["fixes"]["acme_demo_fix"]
+    assert rec["status"] == "skipped" and MOVED_TARGET in rec["reason"]
+    warns = [l for l in plugin_log_lines(proc) if "|WARNING|" in l]
+    assert len(warns) == 1 and MOVED_TARGET in warns[0]
+
+
+STRICT_PROBE = LOAD + """
+from sglang.srt.model_executor.model_runner import ModelRunner
+try:
+    ModelRunner.__init__(object.__new__(ModelRunner))
+except Exception as e:
+    print("ERR=" + json.dumps([type(e).__name__, str(e)]))
+"""
+
+
+@needs_framework
+def test_strict_mode_stops_startup_naming_the_fix(tmp_path):
+    proc = run_child(STRICT_PROBE, SGLANG_SWA_PLUGIN_STRICT="1", PYTHONPATH=third_party_dist(tmp_path, MOVED_TARGET))
+    kind, msg = child_json(proc, "ERR")
+    assert kind == "StrictModeError" and "acme_demo_fix" in msg and MOVED_TARGET in msg
+
+
+@needs_framework
+def test_strict_mode_passes_through_when_all_is_well():
+    proc = run_child(STRICT_PROBE, SGLANG_SWA_PLUGIN_STRICT="1")
+    kind, msg = child_json(proc, "ERR")
+    # Our gate let the real constructor run; it then failed on the missing arguments.
+    assert kind == "TypeError", msg
+
+
+# ------------------------------------------------------------------------ bad values
+
+
+@pytest.mark.parametrize(
+    "var,value,expect",
+    [
+        (config.ENABLE, "maybe", "SGLANG_SWA_PLUGIN='maybe' is not a boolean; valid values: 1/true/on/yes or 0/false/off/no"),
+        (config.STRICT, "2", "SGLANG_SWA_PLUGIN_STRICT='2' is not a boolean"),
+        (config.GUARD, "yesplease", "SGLANG_SWA_PLUGIN_GUARD='yesplease' is not a boolean"),
+        (config.FIXES, "no_such_fix", "SGLANG_SWA_PLUGIN_FIXES names unknown fix(es) no_such_fix; valid names: "),
+        (config.FIXES, "-no_such_fix", "SGLANG_SWA_PLUGIN_FIXES names unknown fix(es) no_such_fix"),
+    ],
+)
+def test_bad_value_gives_one_clear_line_and_installs_nothing(var, value, expect):
+    code = """
+import sglang_swa_plugin
+from sglang_swa_plugin.core import register
+register("test")
+print("RESULT=" + json.dumps(sglang_swa_plugin.status()))
+"""
+    proc = run_child(code, **{var: value})
+    st = child_json(proc)
+    errors = [l for l in proc.stderr.splitlines() if "|ERROR|" in l]
+    assert len(errors) == 1 and expect in errors[0], errors
+    assert all(r["status"] == "disabled" for r in st["fixes"].values()), st["fixes"]
+    if var == config.FIXES:
+        for name in BUILTIN_NAMES:
+            assert name in errors[0]
+
+
+def test_config_parsing_rules():
+    c = config.parse({config.FIXES: "a, -b ,c", config.STRICT: "on", config.ENABLE: "1"})
+    assert c.include == {"a", "c"} and c.exclude == {"b"} and c.strict and c.enabled and not c.errors
+    assert c.selected("a") and not c.selected("b") and not c.selected("z")
+    c = config.parse({config.FIXES: "-b"})
+    assert c.include is None and c.selected("a") and not c.selected("b")
+    c = config.parse({config.ENABLE: "off"})
+    assert not c.enabled and not c.errors
+    c = config.parse({config.STRICT: "bogus"})
+    assert c.strict and c.errors  # a malformed strict value errs on the safe side
+
+
+def test_fixes_selection_excludes_a_fix():
+    if not BUILTIN_NAMES:
+        pytest.skip("no built-in fixes")
+    victim = BUILTIN_NAMES[0]
+    code = """
+import sglang_swa_plugin
+from sglang_swa_plugin.core import register
+register("test")
+print("RESULT=" + json.dumps(sglang_swa_plugin.status()))
+"""
+    st = child_json(run_child(code, SGLANG_SWA_PLUGIN_FIXES=f"-{victim}"))
+    assert st["fixes"][victim]["status"] == "disabled"
+    assert all(r["status"] != "disabled" for n, r in st["fixes"].items() if n != victim)
+
+
+# ------------------------------------------------------------------------ doctor
+
+
+def test_doctor_json_lists_every_fix(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang_swa_plugin.cli", "doctor", "--json"],
+        capture_output=True, text=True, timeout=240, cwd=str(tmp_path),
+        env=__import__("helpers").child_env(PYTHONPATH=third_party_dist(tmp_path)),
+    )
+    rep = json.loads(proc.stdout)
+    names = sorted(r["name"] for r in rep["fixes"])
+    assert names == sorted(BUILTIN_NAMES + ["acme_demo_fix"])
+    assert rep["plugin_framework"] is HAS_PLUGIN_FRAMEWORK
+    assert rep["entry_point_found"] and rep["entry_point"] == "swa_plugin = sglang_swa_plugin:register"
+    for r in rep["fixes"]:
+        assert r["status"] and r["reason"] and "upstream_prs" in r
+    assert proc.returncode == (0 if rep["ok"] else 1)
+
+
+def test_doctor_exit_status_is_nonzero_when_a_needed_fix_cannot_be_installed(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang_swa_plugin.cli", "doctor"],
+        capture_output=True, text=True, timeout=240, cwd=str(tmp_path),
+        env=__import__("helpers").child_env(PYTHONPATH=third_party_dist(tmp_path, MOVED_TARGET)),
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "acme_demo_fix" in proc.stdout and MOVED_TARGET in proc.stdout
+
+
+@no_framework_only
+def test_doctor_says_no_plugin_framework(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang_swa_plugin.cli", "doctor"],
+        capture_output=True, text=True, timeout=240, cwd=str(tmp_path),
+        env=__import__("helpers").child_env(),
+    )
+    assert "plugin framework:  no" in proc.stdout, proc.stdout
+
+
+# ------------------------------------------------------------------------ contracts
+
+
+@pytest.mark.parametrize("modname", BUILTIN_MODULES)
+def test_every_builtin_module_carries_its_record(modname):
+    mod = pytest.importorskip(modname)
+    doc = inspect.getdoc(mod) or ""
+    for word in ("Bug", "Upstream", "Affected", "Detect", "Delete"):
+        assert word.lower() in doc.lower(), f"{modname} record lacks {word!r}"
+
+
+def _needed_fixes():
+    return [f for f, src in load_fixes() if src == "builtin" and safe_detect(f).verdict is Verdict.NEEDED]
+
+
+def test_contract_targets_of_needed_fixes_exist_with_expected_signature():
+    """For each fix that says 'needed' on this sglang, each of its targets exists with
+    the parameters its hook expects (cf. sglang's own plugin-contract test)."""
+    for fix in _needed_fixes():
+        assert fix.targets, fix
+        for target in fix.targets:
+            obj = resolve(target)
+            want = list(fix.target_params.get(target, ()))
+            if want:
+                params = list(inspect.signature(inspect.unwrap(obj)).parameters)
+                assert params[: len(want)] == want, (fix.name, target, params)
+
+
+def test_no_fix_reports_unknown_on_this_sglang():
+    for fix, src in load_fixes():
+        det = safe_detect(fix)
+        assert det.verdict is not Verdict.UNKNOWN, (fix.name, det.reason)

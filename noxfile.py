@@ -93,3 +93,12 @@ def demo(session: nox.Session) -> None:
     install_sglang(session, session.posargs[0] if session.posargs else DEMO_VERSION)
     session.run("sglang-swa-plugin", "doctor", env=TEST_ENV)
     session.run("sglang-swa-plugin", "check", env=TEST_ENV)
+
+
+@nox.session(python="3.11")
+@nox.parametrize("sglang", [nox.param(v, id=v) for v in VERSIONS])
+def bench(session: nox.Session, sglang: str) -> None:
+    """Benchmarks that print figures: register() cost, start-up hook cost, per-step costs."""
+    install_sglang(session, sglang)
+    for script in sorted(glob.glob(os.path.join("tests", "benchmarks", "bench_*.py"))):
+        session.run("python", script, env=TEST_ENV)

@@ -34,10 +34,19 @@ def _has_plugin_framework() -> bool:
         return False
 
 
+def _startup_hook_installed() -> bool:
+    return any(os.path.isfile(os.path.join(d, "sglang_swa_plugin_autoload.pth")) for d in sys.path if d)
+
+
 def loader_path(has_framework: bool) -> str:
+    """Which path loads the plugin into sglang's processes in this environment."""
     if has_framework:
         return "sglang's plugin loader (entry point group sglang.srt.plugins)"
-    return "none: this sglang has no plugin framework"
+    if not _config.parse().enabled:
+        return f"none: disabled by {_config.ENABLE}"
+    if _startup_hook_installed():
+        return "start-up hook (sglang_swa_plugin_autoload.pth): this sglang has no plugin framework"
+    return "none: this sglang has no plugin framework and the start-up hook is not installed"
 
 
 def environment_report() -> dict:

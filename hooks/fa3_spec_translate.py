@@ -1,0 +1,152 @@
+"""FA3 EAGLE3 topk > 1: translate both page tables into SWA space before the SWA kernel.
+
+Bug
+    ``FlashAttentionBackend._init_sliding_window_attn_spec_metadata`` (target verify with
+    EAGLE3 tree decoding, topk > 1, on hybrid SWA models such as GPT-OSS) passes
+    ``metadata.page_table`` (each request's prefix) and ``metadata_expand.page_table`` (the
+    draft tokens) straight into ``prepare_swa_spec_page_table_triton``. Both hold full-pool
+    indices read from ``req_to_token_pool``; the SWA layers then index the SWA pool with the
+    resulting ``swa_spec_metadata.page_table``: wrong KV, or a CUDA illegal memory access
+    once a full index exceeds the (smaller) SWA pool (issue #24402).
+    The fix translates both tables with ``token_to_kv_pool.translate_loc_from_full_to_swa``
+    and casts them to int32 before the kernel runs, only when the backend uses a SWA pool.
+    It hands the original translated copies through the metadata objects for the duration
+    of the call and restores the full-pool tables afterwards, because the rest of the
+    backend (full-attention layers, ``swa_page_table``) keeps using them. Cost: two
+    gathers per call on the topk > 1 SWA path, as upstream's own fix; nothing elsewhere.
+
+Upstream PRs
+    #24617 "fix(fa3): translate page table to SWA loc in EAGLE3 topk>1 spec metadata"
+    (merged 2026-05-09; 0.5.13 added the ``.to(torch.int32)`` casts).
+
+Affected versions
+    sglang 0.5.10 and 0.5.11. 0.5.12 and later translate before the kernel.
+
+Detection
+    Behavioural: the installed method is run unbound on a stand-in ``self`` whose pool
+    translates ``x -> x + 1000``, with the module's ``prepare_swa_spec_page_table_triton``
+    replaced by a recorder for the duration of the probe. Untranslated tables reach the
+    recorder: needed. Translated ones: already fixed upstream, nothing is installed.
+    No FA3 backend module: not applicable. Anything else: unknown.
+
+Delete when
+    The oldest supported sglang is 0.5.12 or later.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, Optional
+
+from ..fix import Detection, Fix, ScenarioUnavailable, TargetMissing, hookimpl
+from ..probe import optional_module, swapped
+
+MODULE = "sglang.srt.layers.attention.flashattention_backend"
+CLASS = "FlashAttentionBackend"
+METHOD = "_init_sliding_window_attn_spec_metadata"
+KERNEL = "prepare_swa_spec_page_table_triton"
+TARGET = f"{MODULE}.{CLASS}.{METHOD}"
+
+_SHIFT = 1000  # the probe's stand-in translation
+
+
+def _translate_page_tables(original, self, metadata, metadata_expand, *args, **kwargs):
+    """Around hook: the kernel reads both tables in SWA space (int32); everyone else keeps
+    the full-pool tables."""
+    if not getattr(self, "use_sliding_window_kv_pool", False):
+        return original(self, metadata, metadata_expand, *args, **kwargs)
+    import torch
+
+    full_a, full_b = metadata.page_table, metadata_expand.page_table
+    translate = self.token_to_kv_pool.translate_loc_from_full_to_swa
+    metadata.page_table = translate(full_a).to(torch.int32)
+    metadata_expand.page_table = translate(full_b).to(torch.int32)
+    try:
+        return original(self, metadata, metadata_expand, *args, **kwargs)
+    finally:
+        metadata.page_table, metadata_expand.page_table = full_a, full_b
+
+
+def kernel_inputs(mod: Any, call) -> Optional[dict]:
+    """Run ``call()`` with the module's SWA spec page-table kernel replaced by a recorder;
+    return what the kernel received (dst, a, b, seq_len_a, seq_len_b, draft tokens), or
+    None when it was not called. Shared by detection, ``check`` and the tests."""
+    seen = {}
+
+    def recorder(dst, a, b, seq_len_a, seq_len_b, num_draft_tokens):
+        seen.update(dst=dst, a=a.clone(), b=b.clone(), seq_len_a=seq_len_a.clone(),
+                    seq_len_b=seq_len_b.clone(), num_draft_tokens=num_draft_tokens)
+
+    with swapped(mod, KERNEL, recorder):
+        call()
+    return seen or None
+
+
+def _probe(mod: Any, method: Any) -> Detection:
+    import torch
+
+    i32 = dict(dtype=torch.int32)
+    meta, expand = mod.FlashAttentionMetadata(), mod.FlashAttentionMetadata()
+    meta.page_table = torch.tensor([[1, 2, 3]], **i32)
+    meta.cache_seqlens_int32 = torch.tensor([3], **i32)
+    meta.max_seq_len_k = 3
+    meta.cu_seqlens_q = torch.tensor([0, 2], **i32)
+    expand.page_table = torch.tensor([[4, 5], [4, 6]], **i32)
+    expand.cache_seqlens_int32 = torch.tensor([1, 2], **i32)
+    expand.cu_seqlens_q = torch.tensor([0, 1, 2], **i32)
+    stand_in = SimpleNamespace(
+        page_size=1,
+        use_sliding_window_kv_pool=True,
+        speculative_num_draft_tokens=2,
+        token_to_kv_pool=SimpleNamespace(translate_loc_from_full_to_swa=lambda x: x + _SHIFT),
+    )
+    a0, b0 = meta.page_table.clone(), expand.page_table.clone()
+    seen = kernel_inputs(mod, lambda: method(stand_in, meta, expand))
+    if seen is None:
+        return Detection.unknown(f"{METHOD} did not call {KERNEL}")
+    if torch.equal(seen["a"], a0 + _SHIFT) and torch.equal(seen["b"], b0 + _SHIFT):
+        return Detection.not_needed("already fixed upstream: both page tables are translated to SWA space before the kernel")
+    if torch.equal(seen["a"], a0) and torch.equal(seen["b"], b0):
+        return Detection.needed(f"{METHOD} passes full-pool page tables to {KERNEL} on a SWA pool")
+    return Detection.unknown(f"{METHOD} translates only one of the two page tables")
+
+
+class FA3SpecTranslateFix(Fix):
+    name = "fa3_spec_translate"
+    summary = "FA3 EAGLE3 topk>1 on SWA models: translate prefix and draft page tables to SWA space before the kernel"
+    upstream_prs = ("#24617",)
+    targets = (TARGET,)
+    target_params = {TARGET: ("self", "metadata", "metadata_expand")}
+
+    def detect(self) -> Detection:
+        mod = optional_module(MODULE)
+        if mod is None:
+            return Detection.not_applicable("this sglang has no FA3 attention backend")
+        cls = getattr(mod, CLASS, None)
+        if cls is None:
+            raise TargetMissing(f"{MODULE}.{CLASS}")
+        method = getattr(cls, METHOD, None)
+        if method is None:
+            raise TargetMissing(TARGET)
+        if not hasattr(mod, KERNEL):
+            raise TargetMissing(f"{MODULE}.{KERNEL}")
+        try:
+            return _probe(mod, method)
+        except Exception as e:  # noqa: BLE001 - an unexpected shape is "unknown", never a crash
+            return Detection.unknown(f"probe of {METHOD} failed: {type(e).__name__}: {e}")
+
+    def install(self, hooks) -> None:
+        hooks.around(TARGET, _translate_page_tables)
+
+    def reproduce(self) -> bool:
+        from . import _fa3_spec_scenario as scenario
+
+        return scenario.run().bug_shows
+
+
+FIX = FA3SpecTranslateFix()
+
+
+@hookimpl
+def sglang_swa_plugin_fixes():
+    return [FIX]

@@ -1,0 +1,254 @@
+"""trtllm_mha: every ``TRTLLMHAAttnBackend`` resolves its SWA KV pool by upstream's final rule.
+
+Bug
+    A hybrid SWA model keeps two KV pools with separate index spaces; SWA layers must read
+    through ``SWAKVPool.translate_loc_from_full_to_swa``. In 0.5.10-0.5.12
+    ``TRTLLMHAAttnBackend.__init__`` decides "SWA" from the allocator type
+    (``isinstance(allocator, SWATokenToKVPoolAllocator)``, then ``allocator.get_kvcache()``).
+    An EAGLE/EAGLE3 draft worker owns its own full-only KV pool but shares the target's SWA
+    allocator, so its backend translates its own indices through the target's SWA mapping
+    and reads the wrong KV: draft acceptance drops. The two fixes tried on main each broke
+    the other case: #25103 (pool type only) drops the SWA pool of a FROZEN_KV MTP draft,
+    which reads the target's SWA pool through a swapped pool (CUDA illegal memory access);
+    #26966 (allocator only) brings the EAGLE bug back. Upstream settled on one rule:
+      1. the active pool (``model_runner.token_to_kv_pool``) is an SWAKVPool: use it;
+      2. else a draft worker whose algorithm is not FROZEN_KV MTP: None;
+      3. else ``allocator.get_kvcache()`` if it is an SWAKVPool, else None.
+    This module backports exactly that rule (``resolve_swa_kv_pool``).
+
+    How the backend factory is replaced: every factory that builds a trtllm_mha backend
+    ends in ``TRTLLMHAAttnBackend.__init__`` (the ``ATTENTION_BACKENDS["trtllm_mha"]``
+    registry factory for targets and topk==1 FROZEN_KV drafts, ``DraftBackendFactory``'s
+    draft-extend backend, ``TRTLLMHAAttnMultiStepDraftBackend``'s per-step backends, the
+    FROZEN_KV topk>1 draft backend). One AROUND hook on that constructor therefore reaches
+    all of them, and the class itself stays the same object, so ``isinstance`` checks
+    (``eagle_worker_v2``'s draft-extend CUDA-graph whitelist) keep working. The hook
+    resolves the pool once, makes a class-level ``_resolve_swa_kv_pool`` (where one exists)
+    answer with it on this instance while the original constructor runs, so whatever the
+    constructor derives from the pool agrees, then sets ``_swa_kv_pool`` and
+    ``use_sliding_window_kv_pool`` (the guards of every form read one or the other). The
+    SWA page-table CUDA-graph buffers are allocated later by ``init_cuda_graph_state``
+    through ``_alloc_swa_page_table``, keyed on those guards, so they follow. Nothing
+    runs per forward step.
+
+Upstream PRs
+    #25103 (pool type only), #26966 (allocator only, ``_resolve_swa_kv_pool``), #27491
+    (the final rule: active pool, draft-worker guard, allocator).
+
+Affected versions
+    0.5.10, 0.5.11, 0.5.12 (allocator-type form). Builds from main carrying #25103 alone
+    or #26966 alone are affected too. 0.5.13 and later carry #27491: nothing is installed.
+
+Detection
+    Where the class has ``_resolve_swa_kv_pool``, it is called on three stand-in runners
+    (target with an SWAKVPool; EAGLE draft with a full pool; FROZEN_KV draft with a full
+    pool), each sharing an SWA allocator: the final rule answers pool / None / pool.
+    Without a resolver, the constructor's source is read: an allocator-type or a pool-type
+    test is a known buggy form. Anything else is reported as unknown.
+
+Delete when
+    The oldest supported sglang is 0.5.13 or later (every release from 0.5.13 carries
+    #27491).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from types import SimpleNamespace
+from typing import Any, Optional
+
+from sglang_swa_plugin.fix import Detection, Fix, ScenarioUnavailable, TargetMissing, hookimpl
+from sglang_swa_plugin.probe import compact, normalized_source, optional_module, own_function
+
+logger = logging.getLogger("sglang.srt.plugins.swa_plugin")
+
+MODULE = "sglang.srt.layers.attention.trtllm_mha_backend"
+CLASS = MODULE + ".TRTLLMHAAttnBackend"
+INIT = CLASS + ".__init__"
+RESOLVER = "_resolve_swa_kv_pool"
+
+# Known buggy constructor forms (whitespace-free source).
+_ALLOCATOR_FORM = "isinstance(allocator,SWATokenToKVPoolAllocator)"
+_POOL_FORM = re.compile(r"isinstance\((kv_pool|model_runner\.token_to_kv_pool),SWAKVPool\)")
+
+
+def _backend_class() -> type:
+    mod = optional_module(MODULE)
+    cls = getattr(mod, "TRTLLMHAAttnBackend", None) if mod is not None else None
+    if cls is None:
+        raise TargetMissing(CLASS)
+    return cls
+
+
+def _swa_pool_class() -> type:
+    """The SWAKVPool class the trtllm backend checks against."""
+    mod = optional_module(MODULE)
+    cls = getattr(mod, "SWAKVPool", None) if mod is not None else None
+    if cls is None:
+        from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool as cls
+    return cls
+
+
+def _swa_allocator_class() -> type:
+    for name in ("sglang.srt.mem_cache.allocator.swa", "sglang.srt.mem_cache.swa_memory_pool"):
+        mod = optional_module(name)
+        if mod is not None and hasattr(mod, "SWATokenToKVPoolAllocator"):
+            return mod.SWATokenToKVPoolAllocator
+    raise TargetMissing("SWATokenToKVPoolAllocator")
+
+
+def _is_frozen_kv_mtp(model_runner: Any) -> bool:
+    """False where this sglang has no FROZEN_KV MTP (no ``is_frozen_kv_mtp``)."""
+    check = getattr(getattr(model_runner, "spec_algorithm", None), "is_frozen_kv_mtp", None)
+    return bool(check()) if check is not None else False
+
+
+def resolve_swa_kv_pool(model_runner: Any) -> Optional[Any]:
+    """Upstream's final rule (#27491): the SWAKVPool a trtllm_mha backend must use, or None."""
+    swa_pool_cls = _swa_pool_class()
+    active_pool = model_runner.token_to_kv_pool
+    if isinstance(active_pool, swa_pool_cls):
+        return active_pool
+    # A draft worker owns its pool; only FROZEN_KV MTP reads the target's SWA pool
+    # through the shared allocator.
+    if model_runner.is_draft_worker and not _is_frozen_kv_mtp(model_runner):
+        return None
+    kvcache = model_runner.token_to_kv_pool_allocator.get_kvcache()
+    return kvcache if isinstance(kvcache, swa_pool_cls) else None
+
+
+def _init_with_final_rule(original, self, *args, **kwargs):
+    model_runner = args[0] if args else kwargs["model_runner"]
+    try:
+        pool = resolve_swa_kv_pool(model_runner)
+    except Exception as e:  # noqa: BLE001 - an odd runner: leave sglang's own behaviour
+        logger.warning("sglang-swa-plugin: trtllm_swa_pool could not resolve the SWA pool (%s); keeping sglang's", e)
+        return original(self, *args, **kwargs)
+    shadow = own_function(type(self), RESOLVER) is not None
+    if shadow:
+        # Whatever the constructor derives from its resolver agrees with the final rule.
+        self.__dict__[RESOLVER] = lambda _runner: pool
+    try:
+        result = original(self, *args, **kwargs)
+    finally:
+        if shadow:
+            self.__dict__.pop(RESOLVER, None)
+    self._swa_kv_pool = pool
+    self.use_sliding_window_kv_pool = pool is not None
+    return result
+
+
+# ---------------------------------------------------------------------------- detection
+
+
+def probe_resolver(resolver) -> dict:
+    """What ``resolver`` answers for a target, an EAGLE draft and a FROZEN_KV draft that
+    share one SWA allocator: True where it returns the SWA pool."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    swa_pool = object.__new__(_swa_pool_class())
+    full_pool = object()
+    allocator = object.__new__(_swa_allocator_class())
+    allocator.get_kvcache = lambda: swa_pool
+
+    def runner(pool, draft, algo):
+        return SimpleNamespace(token_to_kv_pool=pool, token_to_kv_pool_allocator=allocator,
+                               is_draft_worker=draft, spec_algorithm=algo)
+
+    cases = {"target": runner(swa_pool, False, SpeculativeAlgorithm.EAGLE),
+             "eagle_draft": runner(full_pool, True, SpeculativeAlgorithm.EAGLE)}
+    frozen = getattr(SpeculativeAlgorithm, "FROZEN_KV_MTP", None)
+    if frozen is not None:
+        cases["frozen_kv_draft"] = runner(full_pool, True, frozen)
+    return {name: resolver(r) is swa_pool for name, r in cases.items()}
+
+
+def classify(cls: type) -> Detection:
+    resolver = own_function(cls, RESOLVER)
+    if resolver is not None:
+        try:
+            got = probe_resolver(resolver)
+        except Exception as e:  # noqa: BLE001
+            return Detection.unknown(f"{RESOLVER} could not be probed: {type(e).__name__}: {e}")
+        if not got["target"]:
+            return Detection.unknown(f"{RESOLVER} does not give a target its SWAKVPool")
+        if got["eagle_draft"]:
+            return Detection.needed(f"{RESOLVER} reads the allocator for an EAGLE draft with its own full pool (#26966 form)")
+        if got.get("frozen_kv_draft") is False:
+            return Detection.needed(f"{RESOLVER} drops the target SWAKVPool of a FROZEN_KV MTP draft (#25103 form)")
+        return Detection.not_needed(f"{RESOLVER} follows the final rule (#27491)")
+    src = compact(normalized_source(cls.__init__))
+    by_allocator, by_pool = _ALLOCATOR_FORM in src, bool(_POOL_FORM.search(src))
+    if by_allocator and not by_pool:
+        return Detection.needed("SWA pool chosen by allocator type: an EAGLE draft reads through the target's SWA mapping")
+    if by_pool and not by_allocator:
+        return Detection.needed("SWA pool chosen by active pool type only (#25103 form): a FROZEN_KV MTP draft loses it")
+    return Detection.unknown("TRTLLMHAAttnBackend.__init__ chooses its SWA pool in an unrecognised way")
+
+
+# ---------------------------------------------------------------------------- scenario
+
+
+def scenario() -> dict:
+    """Build target, EAGLE-draft and (where present) FROZEN_KV-draft trtllm_mha backends
+    through sglang's own construction paths on real pools whose index spaces diverge; per
+    case, whether the SWA-layer cache locations are what the final rule gives."""
+    from sglang_swa_plugin import testbed
+
+    try:
+        swa_pool = testbed.make_swa_pool()
+        allocator = testbed.make_swa_allocator(swa_pool)
+        testbed.diverge(allocator)
+        full_pool = testbed.make_full_pool()
+        req_to_token = testbed.make_req_to_token_pool()
+        loc = testbed.alloc_tokens(allocator, 4)
+        runners = {
+            "target": testbed.make_model_runner(kv_pool=swa_pool, allocator=allocator, req_to_token_pool=req_to_token,
+                                                spec_algorithm="EAGLE"),
+            "eagle_draft": testbed.make_model_runner(kv_pool=full_pool, allocator=allocator, req_to_token_pool=req_to_token,
+                                                     is_draft_worker=True, spec_algorithm="EAGLE"),
+        }
+        try:
+            runners["frozen_kv_draft"] = testbed.make_model_runner(
+                kv_pool=full_pool, allocator=allocator, req_to_token_pool=req_to_token,
+                is_draft_worker=True, spec_algorithm="FROZEN_KV_MTP")
+        except testbed.Unavailable:
+            pass
+        out = {}
+        for name, runner in runners.items():
+            backend = testbed.build_backend_via_registry(runner, "trtllm_mha")
+            fb = testbed.make_forward_batch(runner, out_cache_loc=loc)
+            got = backend._get_layer_cache_loc(testbed.swa_layer(swa_pool), fb)
+            expect = loc if name == "eagle_draft" else swa_pool.translate_loc_from_full_to_swa(loc)
+            out[name] = bool((got.long() == expect.long()).all())
+        return out
+    except testbed.Unavailable as e:
+        raise ScenarioUnavailable(str(e)) from None
+
+
+class TrtllmSwaPoolFix(Fix):
+    name = "trtllm_swa_pool"
+    summary = "trtllm_mha resolves its SWA KV pool by upstream's final rule for target and every draft backend"
+    upstream_prs = ("#25103", "#26966", "#27491")
+    targets = (INIT,)
+    target_params = {INIT: ("self", "model_runner")}
+
+    def detect(self) -> Detection:
+        if optional_module(MODULE) is None:
+            return Detection.not_applicable("this sglang has no trtllm_mha backend")
+        return classify(_backend_class())
+
+    def install(self, hooks) -> None:
+        hooks.around(INIT, _init_with_final_rule)
+
+    def reproduce(self) -> bool:
+        return not all(scenario().values())
+
+
+FIX = TrtllmSwaPoolFix()
+
+
+@hookimpl
+def sglang_swa_plugin_fixes():
+    return [FIX]

@@ -1,0 +1,59 @@
+"""Start-up hook for sglang releases without a plugin framework (0.5.10 and older).
+
+The wheel installs ``sglang_swa_plugin_autoload.pth`` into site-packages; Python runs its
+one line (``import sglang_swa_plugin._autoload``) at every interpreter start. All this
+module does then is put a finder on ``sys.meta_path`` that waits for sglang's model runner
+module to be imported (every process that builds attention backends imports it, the
+spawned scheduler included). When that import completes, and only if this sglang lacks
+``sglang.srt.plugins``, it applies the plugin exactly as ``register()`` does. On sglang
+>= 0.5.11 it does nothing: sglang itself loads the plugin through its entry point.
+
+A process that never imports sglang pays for importing this file and nothing else.
+``SGLANG_SWA_PLUGIN=0`` turns it off too. To remove it, ``pip uninstall sglang-swa-plugin``
+(the .pth file is part of the installed files and goes with them).
+"""
+
+import os
+import sys
+
+TRIGGER = "sglang.srt.model_executor.model_runner"
+
+
+def _activate() -> None:
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("sglang.srt.plugins") is not None:
+            return  # sglang's own loader will call register() through the entry point
+    except Exception:  # noqa: BLE001
+        return
+    from sglang_swa_plugin.core import register
+
+    register("start-up hook")
+
+
+class _Finder:
+    """Meta-path finder that fires once, after ``TRIGGER`` has been executed."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != TRIGGER:
+            return None
+        sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
+        import importlib.util
+
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_activate(module):
+            exec_module(module)
+            _activate()
+
+        spec.loader.exec_module = exec_then_activate
+        return spec
+
+
+if os.environ.get("SGLANG_SWA_PLUGIN", "").strip().lower() not in ("0", "false", "off", "no"):
+    if not any(type(f).__name__ == "_Finder" and type(f).__module__ == __name__ for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())

@@ -1,0 +1,240 @@
+"""End-to-end proof on a Hopper GPU: real sglang servers with a tiny hybrid-SWA model
+(GPT-OSS-style, alternating sliding/full layers, dummy weights) and a tiny draft model,
+with and without the plugin (sglang loads it by itself through its entry point; "without"
+uses sglang's own allow-list SGLANG_PLUGINS so the plugin is never loaded).
+
+    python tests/gpu/e2e_server.py SCENARIO [SCENARIO ...] --out DIR
+
+Scenarios:
+  fa3_eagle3   seed 002: FA3 + EAGLE3 tree decoding (topk 2) on a small SWA pool. Greedy
+               output with speculative decoding must equal the same server's output with
+               it off. Runs: reference (no spec), spec without plugin, spec with plugin.
+  trtllm_eagle seed 001: trtllm_mha decode (XQA on Hopper) + fa3 prefill, EAGLE3 draft
+               (topk 1). With the plugin, the accept length and outputs equal those of the
+               same run with --disable-hybrid-swa-memory; without it they differ.
+  cost         decode throughput with the plugin on vs off (no speculative decoding),
+               alternating, several repetitions.
+Each scenario writes DIR/<scenario>.json and the server logs DIR/<run>.log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+PORT = 31000 + os.getpid() % 1000
+OFF = {"SGLANG_PLUGINS": "plugin_that_does_not_exist"}  # sglang's allow-list: ours stays out
+ON = {"SGLANG_PLUGINS": "swa_plugin"}
+
+
+def make_models(root: str) -> tuple:
+    from transformers import GptOssConfig, LlamaConfig
+
+    target = os.path.join(root, "target")
+    cfg = GptOssConfig(
+        vocab_size=2048, hidden_size=256, intermediate_size=256, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_local_experts=4,
+        num_experts_per_tok=2, sliding_window=16, max_position_embeddings=4096,
+        layer_types=["sliding_attention", "full_attention"] * 2, tie_word_embeddings=False,
+    )
+    cfg.architectures = ["GptOssForCausalLM"]
+    cfg.torch_dtype = "bfloat16"
+    cfg.save_pretrained(target)
+    draft = os.path.join(root, "draft")
+    d = LlamaConfig(
+        vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
+    d.architectures = ["LlamaForCausalLMEagle3"]
+    d.torch_dtype = "bfloat16"
+    d.draft_vocab_size = 2048
+    d.target_hidden_size = 256
+    d.eagle_config = {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}
+    d.save_pretrained(draft)
+    return target, draft
+
+
+class Server:
+    def __init__(self, name: str, out: str, args: list, env: dict):
+        self.name, self.log = name, os.path.join(out, f"{name}.log")
+        full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--port", str(PORT), "--host", "127.0.0.1", *args]
+        with open(self.log, "w") as f:
+            f.write("$ " + " ".join(cmd) + "\n# env: " + json.dumps(env) + "\n")
+        self.proc = subprocess.Popen(cmd, stdout=open(self.log, "a"), stderr=subprocess.STDOUT, env=full_env,
+                                     start_new_session=True)
+        self.t0 = time.time()
+
+    def wait(self, timeout: float = 420) -> bool:
+        while time.time() - self.t0 < timeout:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=5) as r:
+                    if r.status == 200:
+                        self.startup_s = time.time() - self.t0
+                        return True
+            except Exception:  # noqa: BLE001
+                pass
+            time.sleep(2)
+        return False
+
+    def stop(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        time.sleep(3)
+
+    def log_lines(self, needle: str) -> list:
+        return [l.rstrip() for l in open(self.log, errors="replace") if needle in l]
+
+
+def generate(ids: list, max_new: int) -> dict:
+    body = json.dumps({"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": max_new,
+                                                              "ignore_eos": True}}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{PORT}/generate", data=body,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return json.loads(r.read())
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def prompts(n: int, length: int, seed: int = 0) -> list:
+    rng = random.Random(seed)
+    return [[rng.randrange(10, 2000) for _ in range(length)] for _ in range(n)]
+
+
+def run(name, out, args, env, reqs, max_new, concurrency=32):
+    srv = Server(name, out, args, env)
+    res = {"name": name, "args": args, "env": env}
+    try:
+        if not srv.wait():
+            res["error"] = "server did not start"
+            res["log_tail"] = open(srv.log, errors="replace").read()[-3000:]
+            return res
+        res["startup_s"] = round(srv.startup_s, 1)
+        t = time.time()
+        with ThreadPoolExecutor(concurrency) as ex:
+            outs = list(ex.map(lambda ids: generate(ids, max_new), reqs))
+        res["wall_s"] = time.time() - t
+        res["outputs"] = [o.get("output_ids") for o in outs]
+        res["errors"] = [o["error"] for o in outs if "error" in o]
+        metas = [o.get("meta_info", {}) for o in outs]
+        verify = sum(m.get("spec_verify_ct", 0) or 0 for m in metas)
+        toks = sum(m.get("completion_tokens", 0) or 0 for m in metas)
+        res["completion_tokens"] = toks
+        res["accept_length"] = round(toks / verify, 4) if verify else None
+        res["plugin_log"] = srv.log_lines("sglang-swa-plugin")
+        res["crash"] = srv.proc.poll() is not None or bool(srv.log_lines("illegal memory access"))
+    finally:
+        srv.stop()
+    return res
+
+
+def compare(a: list, b: list) -> dict:
+    same = sum(1 for x, y in zip(a, b) if x is not None and x == y)
+    first_diff = [next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), None) if x and y else None
+                  for x, y in zip(a, b)]
+    return {"identical_requests": same, "of": len(a), "first_divergence_per_request": first_diff}
+
+
+BASE = ["--load-format", "dummy", "--skip-tokenizer-init", "--disable-cuda-graph",
+        "--disable-piecewise-cuda-graph", "--mem-fraction-static", "0.5", "--page-size", "1",
+        "--max-total-tokens", "4096", "--swa-full-tokens-ratio", "0.1", "--random-seed", "0"]
+
+
+def scenario_fa3_eagle3(out, target, draft):
+    reqs = prompts(32, 60)
+    common = BASE + ["--model-path", target, "--attention-backend", "fa3"]
+    spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
+            "--speculative-eagle-topk", "2", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
+    ref = run("fa3_ref_nospec", out, common, ON, reqs, 64)
+    without = run("fa3_eagle3_without_plugin", out, common + spec, OFF, reqs, 64)
+    with_ = run("fa3_eagle3_with_plugin", out, common + spec, ON, reqs, 64)
+    distinct = len({tuple(o) for o in ref.get("outputs") or [] if o})
+    return {"reference": ref, "without_plugin": without, "with_plugin": with_,
+            "reference_distinct_outputs": distinct,
+            "without_vs_reference": compare(without.get("outputs") or [], ref.get("outputs") or []),
+            "with_vs_reference": compare(with_.get("outputs") or [], ref.get("outputs") or [])}
+
+
+def scenario_trtllm_eagle(out, target, draft):
+    reqs = prompts(32, 60, seed=1)
+    common = BASE + ["--model-path", target, "--decode-attention-backend", "trtllm_mha",
+                     "--prefill-attention-backend", "fa3"]
+    spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
+            "--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
+    nohybrid = run("trtllm_eagle_no_hybrid_swa", out, common + spec + ["--disable-hybrid-swa-memory"], ON, reqs, 64)
+    without = run("trtllm_eagle_without_plugin", out, common + spec, OFF, reqs, 64)
+    with_ = run("trtllm_eagle_with_plugin", out, common + spec, ON, reqs, 64)
+    return {"no_hybrid_swa": nohybrid, "without_plugin": without, "with_plugin": with_,
+            "without_vs_no_hybrid": compare(without.get("outputs") or [], nohybrid.get("outputs") or []),
+            "with_vs_no_hybrid": compare(with_.get("outputs") or [], nohybrid.get("outputs") or [])}
+
+
+def scenario_cost(out, target, _draft, reps: int = 3):
+    reqs = prompts(64, 32, seed=2)
+    common = BASE + ["--model-path", target, "--attention-backend", "fa3", "--max-total-tokens", "16384"]
+    rows = []
+    for i in range(reps):
+        for label, env in (("on", ON), ("off", OFF)):
+            r = run(f"cost_{label}_{i}", out, common, env, reqs, 256, concurrency=64)
+            rows.append({"plugin": label, "rep": i, "tok_per_s": (r.get("completion_tokens") or 0) / r["wall_s"]
+                         if r.get("wall_s") else None, "error": r.get("error")})
+    on = [r["tok_per_s"] for r in rows if r["plugin"] == "on" and r["tok_per_s"]]
+    off = [r["tok_per_s"] for r in rows if r["plugin"] == "off" and r["tok_per_s"]]
+    ratio = (sum(on) / len(on)) / (sum(off) / len(off)) if on and off else None
+    return {"rows": rows, "ratio_on_over_off": ratio}
+
+
+SCENARIOS = {"fa3_eagle3": scenario_fa3_eagle3, "trtllm_eagle": scenario_trtllm_eagle, "cost": scenario_cost}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("scenarios", nargs="+", choices=sorted(SCENARIOS))
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    import sglang  # noqa: F401
+    from importlib.metadata import version
+
+    root = tempfile.mkdtemp(prefix="swa_e2e_")
+    target, draft = make_models(root)
+    for s in a.scenarios:
+        t = time.time()
+        res = SCENARIOS[s](a.out, target, draft)
+        res["sglang"] = version("sglang")
+        res["seconds"] = round(time.time() - t, 1)
+        with open(os.path.join(a.out, f"{s}.json"), "w") as f:
+            json.dump(res, f, indent=1)
+        summary = {}
+        for k, v in res.items():
+            if isinstance(v, dict) and "identical_requests" in v:
+                summary[k] = f"{v['identical_requests']}/{v['of']} requests identical"
+            elif isinstance(v, dict) and "name" in v:
+                summary[k] = {x: v.get(x) for x in ("accept_length", "crash", "error", "startup_s", "errors")}
+                summary[k]["plugin_log"] = [l[-160:] for l in v.get("plugin_log", [])[:6]]
+            elif not isinstance(v, (dict, list)):
+                summary[k] = v
+        if "ratio_on_over_off" in res:
+            summary["rows"] = res["rows"]
+        print(f"== {s}: " + json.dumps(summary, indent=1)[:6000], flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -118,6 +118,9 @@ class Fix:
     # Leading parameter names each target must have for the fix's hook to be correct
     # (checked by the per-version contract tests where the fix is needed).
     target_params: Mapping[str, Sequence[str]] = {}
+    # Name of a boolean Config field that must be on for this fix to be considered at all
+    # (e.g. "guard" for the opt-in index guard); None: always considered.
+    opt_in: Optional[str] = None
 
     def detect(self) -> Detection:
         """Decide from the installed code's structure or behaviour (never from a

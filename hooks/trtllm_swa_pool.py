@@ -191,40 +191,39 @@ def classify(cls: type) -> Detection:
 
 
 def scenario() -> dict:
-    """Build target, EAGLE-draft and (where present) FROZEN_KV-draft trtllm_mha backends
-    through sglang's own construction paths on real pools whose index spaces diverge; per
-    case, whether the SWA-layer cache locations are what the final rule gives."""
-    from sglang_swa_plugin import testbed
+    """The CPU scenario of ``check``: real pools whose index spaces diverge, one SWA
+    allocator shared by target and drafts, backends built through sglang's own paths
+    (registry for the target and a FROZEN_KV draft, ``DraftBackendFactory`` for an EAGLE
+    draft). Per backend, whether it resolved the pool the final rule gives."""
+    from sglang_swa_plugin import testbed as tb
 
     try:
-        swa_pool = testbed.make_swa_pool()
-        allocator = testbed.make_swa_allocator(swa_pool)
-        testbed.diverge(allocator)
-        full_pool = testbed.make_full_pool()
-        req_to_token = testbed.make_req_to_token_pool()
-        loc = testbed.alloc_tokens(allocator, 4)
-        runners = {
-            "target": testbed.make_model_runner(kv_pool=swa_pool, allocator=allocator, req_to_token_pool=req_to_token,
-                                                spec_algorithm="EAGLE"),
-            "eagle_draft": testbed.make_model_runner(kv_pool=full_pool, allocator=allocator, req_to_token_pool=req_to_token,
-                                                     is_draft_worker=True, spec_algorithm="EAGLE"),
-        }
+        swa_pool = tb.make_swa_pool()
+        allocator = tb.make_swa_allocator(swa_pool)
+        tb.diverge(allocator)
+        req_to_token = tb.make_req_to_token_pool()
+        target = tb.make_model_runner(kv_pool=swa_pool, allocator=allocator, req_to_token_pool=req_to_token,
+                                      spec_algorithm="EAGLE")
+
+        def draft(algo):
+            return tb.make_model_runner(kv_pool=tb.make_full_pool(), allocator=allocator,
+                                        req_to_token_pool=req_to_token, is_draft_worker=True, spec_algorithm=algo,
+                                        server_args=target.server_args, model="llama")
+
+        eagle = tb.build_draft_backends_via_factory(draft("EAGLE"))
+        built = {"target": (tb.build_backend_via_registry(target, "trtllm_mha"), swa_pool),
+                 "eagle_draft_extend": (eagle.draft_extend, None)}
+        for i, step in enumerate(b for b in eagle.decode.attn_backends if b is not None):
+            built[f"eagle_draft_step{i}"] = (step, None)
         try:
-            runners["frozen_kv_draft"] = testbed.make_model_runner(
-                kv_pool=full_pool, allocator=allocator, req_to_token_pool=req_to_token,
-                is_draft_worker=True, spec_algorithm="FROZEN_KV_MTP")
-        except testbed.Unavailable:
-            pass
-        out = {}
-        for name, runner in runners.items():
-            backend = testbed.build_backend_via_registry(runner, "trtllm_mha")
-            fb = testbed.make_forward_batch(runner, out_cache_loc=loc)
-            got = backend._get_layer_cache_loc(testbed.swa_layer(swa_pool), fb)
-            expect = loc if name == "eagle_draft" else swa_pool.translate_loc_from_full_to_swa(loc)
-            out[name] = bool((got.long() == expect.long()).all())
-        return out
-    except testbed.Unavailable as e:
+            frozen = draft("FROZEN_KV_MTP")
+        except tb.Unavailable:
+            pass  # no FROZEN_KV MTP in this sglang
+        else:
+            built["frozen_kv_draft"] = (tb.build_backend_via_registry(frozen, "trtllm_mha"), swa_pool)
+    except tb.Unavailable as e:
         raise ScenarioUnavailable(str(e)) from None
+    return {name: backend._swa_kv_pool is want for name, (backend, want) in built.items()}
 
 
 class TrtllmSwaPoolFix(Fix):

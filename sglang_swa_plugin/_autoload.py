@@ -54,6 +54,11 @@ class _Finder:
         return spec
 
 
+def disarm() -> None:
+    """Remove the finder (``check``/``doctor`` must see sglang without our fixes)."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Finder)]
+
+
 if os.environ.get("SGLANG_SWA_PLUGIN", "").strip().lower() not in ("0", "false", "off", "no"):
-    if not any(type(f).__name__ == "_Finder" and type(f).__module__ == __name__ for f in sys.meta_path):
+    if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())

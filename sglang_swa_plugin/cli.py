@@ -178,6 +178,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     c = sub.add_parser("check", help="run each fix's CPU reproduction without and with the fix")
     c.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    # On sglang without a plugin framework the start-up hook would apply every fix as soon
+    # as a scenario imports sglang's model runner; doctor and check judge stock sglang.
+    from . import _autoload
+
+    _autoload.disarm()
     if args.cmd == "doctor":
         rep = doctor_report()
         print(json.dumps(rep, indent=2)) if args.json else _print_doctor(rep)

@@ -196,6 +196,19 @@ def decide(fix: Fix, source: str, cfg: _config.Config, hooks_factory) -> FixReco
     return rec
 
 
+def _ensure_visible() -> None:
+    """sglang's plugin loader runs before sglang configures logging (first thing in the
+    scheduler process): with no handler anywhere, INFO lines would be dropped. Then give our
+    logger its own stderr handler in sglang's format."""
+    if logger.hasHandlers():
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%Y-%m-%d %H:%M:%S"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
 def log_record(rec: FixRecord) -> None:
     prs = ", ".join(rec.upstream_prs)
     msg = "sglang-swa-plugin: fix %s: %s (%s)%s"
@@ -262,6 +275,7 @@ def _register(loaded_via: str) -> None:
         return
     STATE.registered = True
     STATE.loaded_via = loaded_via
+    _ensure_visible()
     cfg = STATE.config = _config.get()
     fixes = load_fixes()
     unknown = cfg.unknown_fix_names([f.name for f, _ in fixes])

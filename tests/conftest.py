@@ -5,5 +5,8 @@ from helpers import _installed_plugin_path
 
 
 def pytest_configure(config):
-    origin = _installed_plugin_path()
-    assert "site-packages" in origin, f"tests must run against the installed plugin, got {origin}"
+    import pathlib
+
+    origin = pathlib.Path(_installed_plugin_path()).resolve()
+    repo = pathlib.Path(__file__).resolve().parent.parent
+    assert repo not in origin.parents, f"tests must run against the installed plugin, not {origin}"

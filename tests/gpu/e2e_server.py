@@ -45,10 +45,18 @@ def make_models(root: str) -> tuple:
         num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_local_experts=4,
         num_experts_per_tok=2, sliding_window=16, max_position_embeddings=4096,
         layer_types=["sliding_attention", "full_attention"] * 2, tie_word_embeddings=False,
+        swiglu_limit=7.0, hidden_act="silu", initializer_range=0.1,
     )
     cfg.architectures = ["GptOssForCausalLM"]
     cfg.torch_dtype = "bfloat16"
-    cfg.save_pretrained(target)
+    # Random weights with a large init range, saved as a real checkpoint: sglang's dummy
+    # weights (uniform +-1e-3) make attention almost uniform, so reading the wrong KV slots
+    # would hardly change the output and equality would prove nothing.
+    import torch
+    from transformers import GptOssForCausalLM
+
+    torch.manual_seed(0)
+    GptOssForCausalLM(cfg).to(torch.bfloat16).save_pretrained(target, safe_serialization=True)
     draft = os.path.join(root, "draft")
     d = LlamaConfig(
         vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
@@ -71,8 +79,9 @@ class Server:
         cmd = [sys.executable, "-m", "sglang.launch_server", "--port", str(PORT), "--host", "127.0.0.1", *args]
         with open(self.log, "w") as f:
             f.write("$ " + " ".join(cmd) + "\n# env: " + json.dumps(env) + "\n")
+        # cwd outside the source tree: the server must import the INSTALLED plugin.
         self.proc = subprocess.Popen(cmd, stdout=open(self.log, "a"), stderr=subprocess.STDOUT, env=full_env,
-                                     start_new_session=True)
+                                     start_new_session=True, cwd=tempfile.gettempdir())
         self.t0 = time.time()
 
     def wait(self, timeout: float = 420) -> bool:
@@ -142,6 +151,8 @@ def run(name, out, args, env, reqs, max_new, concurrency=32):
         res["crash"] = srv.proc.poll() is not None or bool(srv.log_lines("illegal memory access"))
     finally:
         srv.stop()
+        with open(os.path.join(out, "runs.jsonl"), "a") as f:  # partial results survive a timeout
+            f.write(json.dumps({k: v for k, v in res.items() if k != "outputs"}) + "\n")
     return res
 
 
@@ -152,7 +163,7 @@ def compare(a: list, b: list) -> dict:
     return {"identical_requests": same, "of": len(a), "first_divergence_per_request": first_diff}
 
 
-BASE = ["--load-format", "dummy", "--skip-tokenizer-init", "--disable-cuda-graph",
+BASE = ["--skip-tokenizer-init", "--disable-cuda-graph",
         "--disable-piecewise-cuda-graph", "--mem-fraction-static", "0.5", "--page-size", "1",
         "--max-total-tokens", "4096", "--swa-full-tokens-ratio", "0.1", "--random-seed", "0"]
 
@@ -161,7 +172,7 @@ def scenario_fa3_eagle3(out, target, draft):
     reqs = prompts(32, 60)
     common = BASE + ["--model-path", target, "--attention-backend", "fa3"]
     spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
-            "--speculative-eagle-topk", "2", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
+            "--speculative-draft-load-format", "dummy", "--speculative-eagle-topk", "2", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
     ref = run("fa3_ref_nospec", out, common, ON, reqs, 64)
     without = run("fa3_eagle3_without_plugin", out, common + spec, OFF, reqs, 64)
     with_ = run("fa3_eagle3_with_plugin", out, common + spec, ON, reqs, 64)
@@ -172,21 +183,53 @@ def scenario_fa3_eagle3(out, target, draft):
             "with_vs_reference": compare(with_.get("outputs") or [], ref.get("outputs") or [])}
 
 
+def scenario_fa3_seq(out, target, draft):
+    """seed 002, free of batch effects: one request at a time, so that two servers compute
+    the same arithmetic. EAGLE3 topk 2 on the hybrid SWA pool without and with the plugin,
+    against the same spec run with --disable-hybrid-swa-memory (no index translation at all,
+    correct by construction). With the plugin the outputs must be identical to it."""
+    reqs = prompts(12, 60, seed=3)
+    common = BASE + ["--model-path", target, "--attention-backend", "fa3"]
+    spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
+            "--speculative-draft-load-format", "dummy", "--speculative-eagle-topk", "2",
+            "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
+    nohyb = run("fa3seq_no_hybrid_swa", out, common + spec + ["--disable-hybrid-swa-memory"], ON, reqs, 96, concurrency=1)
+    without = run("fa3seq_without_plugin", out, common + spec, OFF, reqs, 96, concurrency=1)
+    with_ = run("fa3seq_with_plugin", out, common + spec, ON, reqs, 96, concurrency=1)
+    return {"no_hybrid_swa": nohyb, "without_plugin": without, "with_plugin": with_,
+            "without_vs_no_hybrid": compare(without.get("outputs") or [], nohyb.get("outputs") or []),
+            "with_vs_no_hybrid": compare(with_.get("outputs") or [], nohyb.get("outputs") or [])}
+
+
+def scenario_fa3_control(out, target, draft):
+    """Controls for fa3_eagle3 (same prompts): the same spec run without the hybrid SWA pool
+    (no index translation at all: correct by construction), and topk 1 (which never takes
+    the topk > 1 SWA path), both with the plugin loaded. Their divergence from the no-spec
+    reference is what bf16 numerics alone produce."""
+    reqs = prompts(32, 60)
+    common = BASE + ["--model-path", target, "--attention-backend", "fa3"]
+    spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
+            "--speculative-draft-load-format", "dummy", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
+    nohyb = run("fa3_eagle3_no_hybrid_swa", out, common + spec + ["--speculative-eagle-topk", "2", "--disable-hybrid-swa-memory"], ON, reqs, 64)
+    topk1 = run("fa3_eagle3_topk1", out, common + spec + ["--speculative-eagle-topk", "1"], ON, reqs, 64)
+    return {"no_hybrid_swa": nohyb, "topk1": topk1, "topk1_vs_no_hybrid": compare(topk1.get("outputs") or [], nohyb.get("outputs") or [])}
+
+
 def scenario_trtllm_eagle(out, target, draft):
-    reqs = prompts(32, 60, seed=1)
+    reqs = prompts(12, 60, seed=1)
     common = BASE + ["--model-path", target, "--decode-attention-backend", "trtllm_mha",
                      "--prefill-attention-backend", "fa3"]
     spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
-            "--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
-    nohybrid = run("trtllm_eagle_no_hybrid_swa", out, common + spec + ["--disable-hybrid-swa-memory"], ON, reqs, 64)
-    without = run("trtllm_eagle_without_plugin", out, common + spec, OFF, reqs, 64)
-    with_ = run("trtllm_eagle_with_plugin", out, common + spec, ON, reqs, 64)
+            "--speculative-draft-load-format", "dummy", "--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
+    nohybrid = run("trtllm_eagle_no_hybrid_swa", out, common + spec + ["--disable-hybrid-swa-memory"], ON, reqs, 96, concurrency=1)
+    without = run("trtllm_eagle_without_plugin", out, common + spec, OFF, reqs, 96, concurrency=1)
+    with_ = run("trtllm_eagle_with_plugin", out, common + spec, ON, reqs, 96, concurrency=1)
     return {"no_hybrid_swa": nohybrid, "without_plugin": without, "with_plugin": with_,
             "without_vs_no_hybrid": compare(without.get("outputs") or [], nohybrid.get("outputs") or []),
             "with_vs_no_hybrid": compare(with_.get("outputs") or [], nohybrid.get("outputs") or [])}
 
 
-def scenario_cost(out, target, _draft, reps: int = 3):
+def scenario_cost(out, target, _draft, reps: int = int(os.environ.get("COST_REPS", "3"))):
     reqs = prompts(64, 32, seed=2)
     common = BASE + ["--model-path", target, "--attention-backend", "fa3", "--max-total-tokens", "16384"]
     rows = []
@@ -201,7 +244,7 @@ def scenario_cost(out, target, _draft, reps: int = 3):
     return {"rows": rows, "ratio_on_over_off": ratio}
 
 
-SCENARIOS = {"fa3_eagle3": scenario_fa3_eagle3, "trtllm_eagle": scenario_trtllm_eagle, "cost": scenario_cost}
+SCENARIOS = {"fa3_seq": scenario_fa3_seq, "fa3_eagle3": scenario_fa3_eagle3, "fa3_control": scenario_fa3_control, "trtllm_eagle": scenario_trtllm_eagle, "cost": scenario_cost}
 
 
 def main():

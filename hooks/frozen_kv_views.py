@@ -1,0 +1,443 @@
+"""FROZEN_KV MTP: the draft backend's SWA state follows the target pool the views swap in.
+
+Bug
+    A FROZEN_KV MTP draft (Gemma 4 assistant) owns no KV of its own: it reads the target's
+    KV. ``frozen_kv_mtp_utils.frozen_kv_target_view`` and ``target_kv_pool_view`` swap the
+    target's ``SWAKVPool`` in for the draft's own (full-only) pool, and
+    ``FrozenKVMTPCudaGraphRunner`` does the same swap by hand around graph capture. A
+    trtllm_mha backend caches its SWA state (``_swa_kv_pool``, ``use_sliding_window_kv_pool``,
+    from 0.5.23 ``_swa_full_to_swa_mapping``) at construction. When that state was taken
+    from the draft's own non-SWA pool (#25103's pool-only rule: ``None``/``False``), the
+    swapped-in pool and the cached state disagree: SWA layers (remapped to the target's SWA
+    layers) get full-pool page indices, and the sm100 sliding-window kernel reads past the
+    SWA cache (illegal memory access). The CUDA-graph SWA page-table buffers are not even
+    allocated, since ``init_cuda_graph_state`` runs before capture, outside any view.
+    The fix (fork PR#6, three parts) is rebuilt here as hooks:
+      1. both views: while the target pool is swapped in, the backend's SWA state describes
+         it, and is restored exactly on exit (also on an exception, also when views nest);
+      2. the graph runner's construction (``FrozenKVMTPCudaGraphRunner.__init__``, which
+         calls ``init_cuda_graph_state`` and then captures): the same, so the backend's own
+         ``init_cuda_graph_state`` allocates the SWA page-table (and SWA write-location)
+         buffers whenever the target pool has sliding-window layers, before any capture;
+      3. each capture (``capture_one_batch_size``, ``capture_one_shape`` from 0.5.14),
+         whose manual pool swap leaves the SWA state alone: the same again.
+    Per draft step the hook costs a few attribute reads and writes: no tensor work, no
+    host-device sync.
+
+Upstream PRs
+    Fork PR#6 (pyc96/sglang, "swap SWA-aware state with target pool"), #26531 (closed,
+    per-call swap). Upstream's equivalent is #26966 + #27491: the backend resolves the
+    target ``SWAKVPool`` from the shared allocator for FROZEN_KV drafts at construction.
+
+Affected versions
+    No release: 0.5.10 and 0.5.11 have no FROZEN_KV MTP (not applicable); 0.5.12 resolves
+    the pool from the shared allocator (allocator-type rule); 0.5.13 and later through
+    ``_resolve_swa_kv_pool``. Builds carrying #25103 without #27491 are affected, as is
+    any backend whose SWA state is taken from the draft's own pool.
+
+Detection
+    Behavioural, on stand-ins (no backend is built at start-up): the installed trtllm_mha
+    backend's own SWA resolution (``_resolve_swa_kv_pool`` where it exists, else the
+    constructor's statements that set the SWA state, executed) is run for a FROZEN_KV
+    draft runner (own full-only pool, the target's SWA allocator); a backend carrying that
+    state then enters each installed view with a real ``FrozenKVMTPContext``. Inside every
+    view the backend's SWA pool is the swapped-in target ``SWAKVPool``: not needed (0.5.12
+    through its allocator rule, 0.5.13+ through the resolver). Otherwise: needed. No
+    ``frozen_kv_mtp_utils`` or no trtllm_mha: not applicable. A view that swaps in no pool:
+    unknown. The ``check`` scenario does the same with real objects: a real draft backend,
+    inside each real view, must give its SWA layer SWA-space pages inside the SWA pool.
+
+Delete when
+    Never needed by a release; delete once the oldest supported sglang resolves the
+    FROZEN_KV draft's SWA pool from the allocator (0.5.12 and later all do) and no
+    supported build carries #25103 without #27491.
+"""
+
+from __future__ import annotations
+
+import __future__
+import ast
+import contextlib
+import functools
+import inspect
+import sys
+import textwrap
+from types import SimpleNamespace
+from typing import Any, Optional
+
+from ..fix import Detection, Fix, ScenarioUnavailable, TargetMissing, hookimpl
+from ..probe import optional_module, swapped
+
+UTILS = "sglang.srt.speculative.frozen_kv_mtp_utils"
+VIEW_NAMES = ("frozen_kv_target_view", "target_kv_pool_view")
+VIEWS = tuple(f"{UTILS}.{name}" for name in VIEW_NAMES)
+RUNNER_MODULE = "sglang.srt.speculative.frozen_kv_mtp_cuda_graph_runner"
+RUNNER = RUNNER_MODULE + ".FrozenKVMTPCudaGraphRunner"
+RUNNER_INIT = RUNNER + ".__init__"
+CAPTURE_METHODS = ("capture_one_shape", "capture_one_batch_size")  # 0.5.14+, 0.5.12-0.5.13
+TRTLLM = "sglang.srt.layers.attention.trtllm_mha_backend"
+RESOLVER = "_resolve_swa_kv_pool"
+
+# The backend's cached SWA state (the guards of each release read one or the other).
+POOL, FLAG, MAPPING = "_swa_kv_pool", "use_sliding_window_kv_pool", "_swa_full_to_swa_mapping"
+
+
+@functools.lru_cache(maxsize=None)
+def _swa_pool_class() -> type:
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+    return SWAKVPool
+
+
+# ---------------------------------------------------------------------------- the fix
+
+
+def follow(backend: Any, pool: Any) -> Optional[dict]:
+    """Make ``backend``'s SWA state describe ``pool``; return the previous values (None
+    when the backend keeps no SWA state or there is no pool). Attribute writes only."""
+    state = getattr(backend, "__dict__", None)
+    if pool is None or not state or POOL not in state:
+        return None
+    swa = pool if isinstance(pool, _swa_pool_class()) else None
+    want = [(POOL, swa), (FLAG, swa is not None)]
+    if MAPPING in state:  # 0.5.23+: what the fused graph-metadata kernel reads
+        translating = getattr(getattr(backend, "kv_index_translator", None), "is_translating", False)
+        want.append((MAPPING, swa.full_to_swa_index_mapping if swa is not None and not translating else None))
+    saved = {}
+    for name, value in want:
+        if name in state:
+            saved[name] = state[name]
+            setattr(backend, name, value)
+    return saved
+
+
+def restore(backend: Any, saved: Optional[dict]) -> None:
+    for name, value in (saved or {}).items():
+        setattr(backend, name, value)
+
+
+class _FollowingView:
+    """The original view, plus the draft backend's SWA state following the pool it swaps
+    in; restored (before the pool itself) on exit, whatever happened inside."""
+
+    __slots__ = ("view", "backend", "pool", "saved")
+
+    def __init__(self, view, backend, pool):
+        self.view, self.backend, self.pool, self.saved = view, backend, pool, None
+
+    def __enter__(self):
+        entered = self.view.__enter__()
+        try:
+            self.saved = follow(self.backend, self.pool)
+        except BaseException:
+            self.view.__exit__(*sys.exc_info())
+            raise
+        return entered
+
+    def __exit__(self, *exc):
+        try:
+            restore(self.backend, self.saved)
+        finally:
+            suppress = self.view.__exit__(*exc)
+        return suppress
+
+
+def _view_parts(forward_batch, kv_context, draft_attn_backend=None, *_, **__):
+    """(draft backend, target pool) of a view call: 0.5.13+ pass the backend; 0.5.12's
+    views swap ``forward_batch.token_to_kv_pool``, read by ``forward_batch.attn_backend``."""
+    backend = draft_attn_backend if draft_attn_backend is not None else getattr(forward_batch, "attn_backend", None)
+    return backend, getattr(kv_context, "target_token_to_kv_pool", None)
+
+
+def _around_view(original, *args, **kwargs):
+    view = original(*args, **kwargs)
+    try:
+        backend, pool = _view_parts(*args, **kwargs)
+    except TypeError:  # a call shape we do not know: sglang's own behaviour
+        return view
+    if backend is None or pool is None:
+        return view
+    return _FollowingView(view, backend, pool)
+
+
+def _following(backend: Any, worker: Any, call):
+    """``call()`` with ``backend``'s SWA state following the worker's target pool."""
+    kv_context = getattr(worker, "kv_context", None)
+    saved = follow(backend, getattr(kv_context, "target_token_to_kv_pool", None))
+    try:
+        return call()
+    finally:
+        restore(backend, saved)
+
+
+def _around_runner_init(original, runner, frozen_kv_mtp_worker, *args, **kwargs):
+    """Graph-runner construction: the backend's own ``init_cuda_graph_state`` allocates the
+    SWA buffers (page tables, SWA write locations) because it sees the target's SWA state,
+    and the captures made here bind them."""
+    backend = getattr(frozen_kv_mtp_worker, "draft_attn_backend", None)
+    return _following(backend, frozen_kv_mtp_worker,
+                      lambda: original(runner, frozen_kv_mtp_worker, *args, **kwargs))
+
+
+def _around_capture(original, runner, *args, **kwargs):
+    """One capture (the manual pool swap of 0.5.13+ does not touch the SWA state)."""
+    backend = getattr(runner, "draft_attn_backend", None)
+    worker = getattr(runner, "frozen_kv_mtp_worker", None)
+    return _following(backend, worker, lambda: original(runner, *args, **kwargs))
+
+
+def capture_target() -> str:
+    """The capture method of the installed ``FrozenKVMTPCudaGraphRunner``."""
+    try:
+        mod = optional_module(RUNNER_MODULE)
+    except Exception:  # noqa: BLE001 - reported when the target is resolved
+        mod = None
+    cls = getattr(mod, "FrozenKVMTPCudaGraphRunner", None)
+    name = next((n for n in CAPTURE_METHODS if hasattr(cls, n)), CAPTURE_METHODS[0])
+    return f"{RUNNER}.{name}"
+
+
+# ---------------------------------------------------------------------------- detection
+
+
+def _frozen_draft_stand_ins() -> SimpleNamespace:
+    """Target SWAKVPool, the draft's own pool, the shared SWA allocator and a FROZEN_KV
+    draft runner, as bare stand-ins (only identities and types matter to the probe)."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    try:
+        from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+    except ImportError:
+        from sglang.srt.mem_cache.swa_memory_pool import SWATokenToKVPoolAllocator
+    target_pool = object.__new__(_swa_pool_class())
+    allocator = object.__new__(SWATokenToKVPoolAllocator)
+    allocator.get_kvcache = lambda: target_pool
+    runner = SimpleNamespace(token_to_kv_pool=object(), token_to_kv_pool_allocator=allocator,
+                             is_draft_worker=True, spec_algorithm=SpeculativeAlgorithm.FROZEN_KV_MTP)
+    return SimpleNamespace(target_pool=target_pool, runner=runner)
+
+
+def _constructor_swa_state(cls: type, runner: Any) -> Any:
+    """Execute the statements of the installed constructor that set the SWA state (and
+    the local names they read) with ``self`` a blank object; return its ``_swa_kv_pool``."""
+    init = inspect.unwrap(cls.__init__)
+    func = ast.parse(textwrap.dedent(inspect.getsource(init))).body[0]
+    self_name, runner_name = list(inspect.signature(init).parameters)[:2]
+    picked, needed = [], set()
+    for stmt in reversed(func.body):
+        if not isinstance(stmt, (ast.Assign, ast.AnnAssign)) or stmt.value is None:
+            continue
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        attrs = {t.attr for t in targets if isinstance(t, ast.Attribute) and getattr(t.value, "id", None) == self_name}
+        names = {t.id for t in targets if isinstance(t, ast.Name)}
+        if attrs & {POOL, FLAG} or names & needed:
+            picked.insert(0, stmt)
+            needed |= {n.id for n in ast.walk(stmt.value) if isinstance(n, ast.Name)}
+    code = compile(ast.Module(body=picked, type_ignores=[]), inspect.getsourcefile(init) or "<init>", "exec",
+                   flags=__future__.annotations.compiler_flag, dont_inherit=True)
+    probe = SimpleNamespace()
+    namespace = {**init.__globals__, **inspect.getclosurevars(init).nonlocals}
+    exec(code, namespace, {self_name: probe, runner_name: runner})  # noqa: S102
+    if not hasattr(probe, POOL):
+        raise LookupError(f"{cls.__name__}.__init__ sets no {POOL}")
+    return getattr(probe, POOL)
+
+
+def draft_swa_pool(cls: type, runner: Any) -> "tuple[Any, str]":
+    """(SWA pool, how): what a trtllm_mha backend built for ``runner`` caches."""
+    resolver = getattr(cls, RESOLVER, None)
+    if resolver is not None:
+        return resolver(runner), RESOLVER
+    return _constructor_swa_state(cls, runner), "the constructor's rule"
+
+
+def views_follow(utils: Any, target_pool: Any, draft_pool: Any, cached_pool: Any) -> dict:
+    """Per installed view: None when it swaps in no target pool, else whether, inside it,
+    a draft backend whose cached SWA pool is ``cached_pool`` has the swapped-in pool as
+    its SWA pool. The stand-in backend's flag follows its pool, as in 0.5.12 (both from the
+    allocator) and 0.5.14+ (derived from the resolver); 0.5.13 keeps the flag pool-based,
+    but there it guards only KV writes, which a frozen draft never does."""
+    from sglang.srt.speculative.frozen_kv_mtp_info import FrozenKVMTPContext
+
+    ctx = FrozenKVMTPContext(target_token_to_kv_pool=target_pool, physical_layer_ids={})
+    out = {}
+    for name in VIEW_NAMES:
+        view = getattr(utils, name)
+        backend = SimpleNamespace(token_to_kv_pool=draft_pool, **{POOL: cached_pool, FLAG: cached_pool is not None})
+        fb = SimpleNamespace(spec_info=None, token_to_kv_pool=draft_pool, attn_backend=backend)
+        nparams = len(inspect.signature(view).parameters)
+        if nparams not in (2, 3):
+            raise TargetMissing(f"{UTILS}.{name}", f"unexpected signature {inspect.signature(view)}")
+        with view(*(fb, ctx, backend)[:nparams]):
+            swapped_in = backend.token_to_kv_pool is target_pool or fb.token_to_kv_pool is target_pool
+            agrees = getattr(backend, POOL) is target_pool and bool(getattr(backend, FLAG))
+        out[name] = agrees if swapped_in else None
+    return out
+
+
+def classify() -> Detection:
+    utils = optional_module(UTILS)
+    if utils is None:
+        return Detection.not_applicable("this sglang has no FROZEN_KV MTP (no frozen_kv_mtp_utils)")
+    trtllm = optional_module(TRTLLM)
+    if trtllm is None:
+        return Detection.not_applicable("this sglang has no trtllm_mha backend")
+    s = _frozen_draft_stand_ins()
+    cached, how = draft_swa_pool(trtllm.TRTLLMHAAttnBackend, s.runner)
+    got = views_follow(utils, s.target_pool, s.runner.token_to_kv_pool, cached)
+    if None in got.values():
+        return Detection.unknown(f"{', '.join(n for n, v in got.items() if v is None)} swaps in no target pool")
+    if all(got.values()):
+        return Detection.not_needed(
+            f"inside both views the draft backend's SWA pool is the target SWAKVPool ({how} "
+            "takes it from the shared allocator for a FROZEN_KV draft)")
+    return Detection.needed(
+        f"{how} gives a FROZEN_KV draft SWA pool {cached!r}, but the views swap in the target "
+        "SWAKVPool: SWA layers would read full-pool page indices")
+
+
+# ---------------------------------------------------------------------------- scenario
+
+
+def page_table_kernel_on_cpu(req_to_token, req_pool_indices, cache_seqlens, page_table, page_size,
+                             swa_page_table=None, full_to_swa=None, **_):
+    """Stand-in for the Triton page-table kernel (0.5.14+): the same gather, on CPU, of
+    exactly the tables and full->SWA mapping the backend hands it."""
+    for row, (req, n) in enumerate(zip(req_pool_indices.tolist(), cache_seqlens.tolist())):
+        first_tokens = req_to_token[req, :n:page_size].long()
+        page_table[row, : len(first_tokens)] = first_tokens // page_size
+        if swa_page_table is not None and full_to_swa is not None:
+            swa_page_table[row, : len(first_tokens)] = full_to_swa[first_tokens] // page_size
+
+
+def graph_metadata_kernel_on_cpu(*, req_pool_indices, seq_lens, req_to_token, cache_seqlens, cu_seqlens_k,
+                                 page_table, bs, seqlen_offset, page_size, swa_mapping=None,
+                                 swa_page_table=None, skip_page_table=False, **_):
+    """Stand-in for the fused Triton graph-metadata kernel (0.5.15+), decode part only."""
+    cache_seqlens[:bs] = seq_lens[:bs] + seqlen_offset
+    cu_seqlens_k[1 : bs + 1] = cache_seqlens[:bs].cumsum(0)
+    if not skip_page_table:
+        page_table_kernel_on_cpu(req_to_token, req_pool_indices[:bs], cache_seqlens[:bs], page_table,
+                                 page_size, swa_page_table, swa_mapping)
+
+
+CPU_KERNELS = {"build_trtllm_mha_page_table": page_table_kernel_on_cpu,
+               "update_trtllm_mha_graph_metadata": graph_metadata_kernel_on_cpu}
+
+
+@contextlib.contextmanager
+def cpu_kernels():
+    """The trtllm_mha backend's Triton entry points (where it binds them) replaced by their
+    CPU stand-ins for the block."""
+    mod = sys.modules[TRTLLM]
+    with contextlib.ExitStack() as stack:
+        for name, stand_in in CPU_KERNELS.items():
+            if hasattr(mod, name):
+                stack.enter_context(swapped(mod, name, stand_in))
+        yield
+
+
+def frozen_kv_draft() -> SimpleNamespace:
+    """Real objects of a FROZEN_KV draft step on CPU: the target's ``SWAKVPool`` and SWA
+    allocator (6 tokens of one request whose full indices lie beyond the SWA pool), the
+    draft's own full-only pool and trtllm_mha backend, a decode ``ForwardBatch``, the
+    ``FrozenKVMTPContext`` and a target SWA layer (``RadixAttention``)."""
+    from sglang.srt.speculative.frozen_kv_mtp_info import FrozenKVMTPContext
+
+    from sglang_swa_plugin import testbed
+
+    target_pool = testbed.make_swa_pool()
+    allocator = testbed.make_swa_allocator(target_pool)
+    testbed.diverge(allocator, target_pool.size_swa + 8)
+    req_to_token = testbed.make_req_to_token_pool()
+    tokens = testbed.alloc_tokens(allocator, 6)
+    rows, lens = testbed.fill_requests(req_to_token, [tokens])
+    runner = testbed.make_model_runner(kv_pool=testbed.make_full_pool(), allocator=allocator,
+                                       req_to_token_pool=req_to_token, is_draft_worker=True,
+                                       spec_algorithm="FROZEN_KV_MTP")
+    backend = testbed.build_trtllm_backend(runner)
+    batch = testbed.make_forward_batch(runner, "decode", req_pool_indices=rows, seq_lens=lens,
+                                       out_cache_loc=tokens[-1:], attn_backend=backend)
+    swa_layer = testbed.swa_layer(target_pool, runner)
+    return SimpleNamespace(
+        target_pool=target_pool, allocator=allocator, runner=runner, backend=backend, batch=batch,
+        tokens=tokens, swa_layer=swa_layer,
+        kv_context=FrozenKVMTPContext(target_token_to_kv_pool=target_pool,
+                                      physical_layer_ids={0: swa_layer.layer_id}))
+
+
+def view_args(view, d: SimpleNamespace) -> tuple:
+    """The arguments of ``view`` for draft ``d`` (0.5.12: 2, 0.5.13+: with the backend)."""
+    return (d.batch, d.kv_context, d.backend)[: len(inspect.signature(view).parameters)]
+
+
+def swa_layer_pages(d: SimpleNamespace) -> list:
+    """The page table the draft backend gives its SWA layer (the request's pages), from
+    metadata built now: call it inside a view."""
+    with cpu_kernels():
+        d.backend.init_forward_metadata(d.batch)
+    table = d.backend._get_layer_page_table(d.swa_layer, d.batch)
+    return table[0, : len(d.tokens[:: d.target_pool.page_size])].tolist()
+
+
+def expected_swa_pages(d: SimpleNamespace) -> list:
+    page = d.target_pool.page_size
+    swa = d.target_pool.translate_loc_from_full_to_swa(d.tokens[::page]).long() // page
+    assert int(swa.max()) < (d.target_pool.size_swa + page) // page  # inside the SWA pool
+    return swa.tolist()
+
+
+def scenario() -> dict:
+    """Per real view: whether, inside it, the SWA layer of a real FROZEN_KV draft backend
+    reads its pages in SWA space (inside the SWA pool)."""
+    utils = optional_module(UTILS)
+    if utils is None or optional_module(TRTLLM) is None:
+        raise ScenarioUnavailable("this sglang has no FROZEN_KV MTP / trtllm_mha backend")
+    from sglang_swa_plugin import testbed
+
+    try:
+        d = frozen_kv_draft()
+    except testbed.Unavailable as e:
+        raise ScenarioUnavailable(str(e)) from None
+    out = {}
+    for name in VIEW_NAMES:
+        view = getattr(utils, name)
+        with view(*view_args(view, d)):
+            out[name] = swa_layer_pages(d) == expected_swa_pages(d)
+    return out
+
+
+class FrozenKVViewsFix(Fix):
+    name = "frozen_kv_views"
+    summary = "FROZEN_KV MTP views and graph capture keep the draft backend's SWA state in step with the swapped-in target pool"
+    upstream_prs = ("fork PR#6", "#26531", "#26966", "#27491")
+
+    @property
+    def targets(self):  # the capture method was renamed in 0.5.14
+        return VIEWS + (RUNNER_INIT, capture_target())
+
+    @property
+    def target_params(self):
+        return {**{v: ("forward_batch", "kv_context") for v in VIEWS},
+                RUNNER_INIT: ("self", "frozen_kv_mtp_worker"), capture_target(): ("self",)}
+
+    def detect(self) -> Detection:
+        return classify()
+
+    def install(self, hooks) -> None:
+        _swa_pool_class()
+        for view in VIEWS:
+            hooks.around(view, _around_view)
+        hooks.around(RUNNER_INIT, _around_runner_init)
+        hooks.around(capture_target(), _around_capture)
+
+    def reproduce(self) -> bool:
+        return not all(scenario().values())
+
+
+FIX = FrozenKVViewsFix()
+
+
+@hookimpl
+def sglang_swa_plugin_fixes():
+    return [FIX]

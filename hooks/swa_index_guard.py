@@ -1,0 +1,381 @@
+"""Opt-in SWA index guard: an index outside the KV pool a sliding-window layer reads stops
+the step with a message naming the backend, forward mode, layer and pool size, instead of
+a CUDA illegal memory access far from its cause.
+
+Bug
+    Hybrid SWA models keep two KV pools with separate index spaces. Bugs of this family
+    hand a sliding-window layer's kernel full-pool indices, or indices of the wrong pool
+    (seed 002: FA3 EAGLE3 topk > 1, #24617; seed 003: a FROZEN_KV draft backend without
+    SWA state reading the target's SWA pool; #25103 alone would have done the same). The
+    SWA pool is smaller, so the kernel reads outside it and the process dies with "CUDA
+    error: an illegal memory access", layers and steps after the cause. Nothing in sglang
+    checks that the indices reaching an SWA layer belong to the pool that layer reads.
+
+    With ``SGLANG_SWA_PLUGIN_GUARD=1`` this module checks, on the device, every index a
+    sliding-window layer (``layer.sliding_window_size > -1``, or an SWA layer in the
+    ``layers_mapping`` of the pool it reads) hands to its attention kernel: each live
+    page-table entry (columns below ``ceil(cache_seqlens / page_size)`` of each row; the
+    rest is padding the kernel never reads: zeros, stale entries, or uninitialised memory
+    from 0.5.14 on) and each KV-write location lies in ``[0, n)``, ``n`` being the number
+    of pages (slots) of the KV buffer the kernel reads for that layer. Guarded places:
+
+    - trtllm_mha: ``TRTLLMHAAttnBackend._get_layer_page_table`` (the page table of both
+      kernels, decode and context) and ``_get_layer_cache_loc`` (the fused FP8 KV write;
+      not in 0.5.10, whose form gets no forward batch to find the pool); the buffer is
+      that of the pool the kernels read (``forward_batch.token_to_kv_pool`` up to 0.5.12,
+      ``self.token_to_kv_pool`` from 0.5.13, which the FROZEN_KV views swap).
+    - fa3: the ``flash_attn_with_kvcache`` calls made inside
+      ``FlashAttentionBackend.forward_extend`` / ``forward_decode`` (the module global
+      from 0.5.11, the instance attribute in 0.5.10); the buffer is the kernel's own
+      ``k_cache`` argument, so every per-layer choice of page table (``swa_page_table``,
+      ``swa_spec_metadata``, prefill-aware SWA...) is checked as the kernel receives it.
+
+    The check is ``torch._assert_async`` on a few element-wise ops: no host-device sync,
+    so it is captured into CUDA graphs and re-checks the graph's buffers on every replay.
+    On CUDA a failure is a device-side assert whose text is the message (checked with
+    torch 2.11; a torch that drops ``_assert_async``'s message prints a generic assert);
+    on CPU it raises RuntimeError at once. Messages are built once per (backend, mode,
+    layer, pool size) and cached. A mix-up whose indices stay inside the pool (seed 001:
+    wrong KV, no crash) is not an index error and is not caught. With the guard off
+    nothing of this module is installed.
+
+Upstream PRs
+    None: upstream has no such check. Bugs it turns into named errors: #24617 (FA3
+    topk > 1, issue #24402), #25103 (pool-type SWA detection: FROZEN_KV drafts lose the
+    SWA pool), fork PR pyc96/sglang#6 (FROZEN_KV views).
+
+Affected versions
+    Every release (0.5.10 to 0.5.23): a diagnostic, installed wherever it is asked for.
+
+Detection
+    Needed ("guard requested") when the guarded places exist: the trtllm_mha and fa3
+    backend classes with the methods above, the fa3 kernel bound as a module global or
+    taken from the instance in ``forward_extend``, and a recognisable source of the pool
+    the trtllm_mha kernels read. Neither backend: not applicable. Otherwise the moved
+    target is named (unknown / skipped).
+
+Delete when
+    Never needed for correctness; keep while SWA index-space bugs are being found. Drop
+    a guarded place when its backend is removed from sglang.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from types import SimpleNamespace
+from typing import Any, Callable, Optional
+
+from sglang_swa_plugin.fix import Detection, Fix, ScenarioUnavailable, TargetMissing, hookimpl, split_target
+from sglang_swa_plugin.probe import compact, normalized_source, optional_module
+
+TRT_MODULE = "sglang.srt.layers.attention.trtllm_mha_backend"
+TRT_CLASS = TRT_MODULE + ".TRTLLMHAAttnBackend"
+TRT_PAGE_TABLE = TRT_CLASS + "._get_layer_page_table"
+TRT_CACHE_LOC = TRT_CLASS + "._get_layer_cache_loc"
+FA3_MODULE = "sglang.srt.layers.attention.flashattention_backend"
+FA3_CLASS = FA3_MODULE + ".FlashAttentionBackend"
+FA3_EXTEND = FA3_CLASS + ".forward_extend"
+FA3_DECODE = FA3_CLASS + ".forward_decode"
+FA3_KERNEL_NAME = "flash_attn_with_kvcache"
+FA3_KERNEL = FA3_MODULE + "." + FA3_KERNEL_NAME
+
+PREFIX = "sglang-swa-plugin swa_index_guard"
+
+
+# ---------------------------------------------------------------------------- the check
+
+
+@functools.lru_cache(maxsize=None)
+def message(backend: str, mode: str, layer_id: int, what: str, limit: int, unit: str) -> str:
+    """The failure text (kept under the 255 characters a CUDA assert message may hold)."""
+    text = (
+        f"{PREFIX}: {backend} {mode} SWA layer {layer_id}: {what} index outside the KV pool "
+        f"this layer reads ({limit} {unit}); full-pool and SWA-pool indices mixed up"
+    )
+    return text[:250]
+
+
+def check_indices(indices, limit: int, msg: str, lengths=None, page_size: int = 1) -> None:
+    """Assert on the device, without a host sync, that every live entry of ``indices`` is
+    in ``[0, limit)``. For a page table ``[rows, cols]``, ``lengths`` (tokens per row)
+    bounds the live columns at ``ceil(lengths / page_size)``; the rest is padding."""
+    import torch
+
+    if lengths is not None and indices.dim() == 2:
+        rows = min(indices.shape[0], lengths.shape[0])
+        indices, used = indices[:rows], lengths[:rows, None]
+        if page_size > 1:
+            used = (used + (page_size - 1)) // page_size
+        live = torch.arange(indices.shape[1], device=indices.device) < used
+        indices = indices.where(live, 0)
+    # clamp leaves an in-range entry unchanged: one comparison covers both bounds.
+    torch._assert_async(indices.clamp(0, limit - 1).eq(indices).all(), msg)
+
+
+def is_swa_layer(layer: Any, *pools: Any) -> bool:
+    """A sliding-window layer: by its window, or by the SWA pool mapping of a pool it reads."""
+    window = getattr(layer, "sliding_window_size", None)
+    if window is not None and window > -1:
+        return True
+    for pool in pools:
+        entry = getattr(pool, "layers_mapping", {}).get(layer.layer_id)
+        if entry is not None and entry[1]:
+            return True
+    return False
+
+
+def mode_name(forward_batch: Any) -> str:
+    mode = getattr(forward_batch, "forward_mode", None)
+    return getattr(mode, "name", None) or "UNKNOWN_MODE"
+
+
+def buffer_pages(pool: Any, layer_id: int, page_size: int) -> int:
+    """Pages of the K buffer ``pool`` holds for ``layer_id`` (rows / page_size for the
+    usual [slots, heads, dim] layout, the first dimension for a paged 4-D one)."""
+    buf = pool.get_key_buffer(layer_id)
+    return buf.shape[0] if buf.dim() >= 4 else buf.shape[0] // page_size
+
+
+# ---------------------------------------------------------------------------- trtllm_mha
+
+
+def trtllm_pool_attr(cls: type) -> str:
+    """Which pool the trtllm_mha kernels read: "forward_batch" (<= 0.5.12) or "self"."""
+    src = compact(normalized_source(cls.forward_decode))
+    if "forward_batch.token_to_kv_pool.get_kv_buffer(" in src:
+        return "forward_batch"
+    if "self.token_to_kv_pool.get_kv_buffer(" in src or "pool=self.token_to_kv_pool" in src:
+        return "self"
+    raise TargetMissing(TRT_CLASS + ".forward_decode", "cannot tell which KV pool its kernel reads")
+
+
+def trtllm_hooks(pool_attr: str) -> "tuple[Callable, Callable]":
+    """Around hooks for ``_get_layer_page_table`` and ``_get_layer_cache_loc``, checking
+    against the pool the kernels read (``pool_attr``: see :func:`trtllm_pool_attr`)."""
+
+    def kernel_pool(self, forward_batch):
+        return forward_batch.token_to_kv_pool if pool_attr == "forward_batch" else self.token_to_kv_pool
+
+    def guard_page_table(original, self, layer, forward_batch, *args, **kwargs):
+        table = original(self, layer, forward_batch, *args, **kwargs)
+        pool = kernel_pool(self, forward_batch)
+        if table is not None and is_swa_layer(layer, pool):
+            ps = self.page_size or 1
+            limit = buffer_pages(pool, layer.layer_id, ps)
+            msg = message("trtllm_mha", mode_name(forward_batch), layer.layer_id, "page-table", limit, "pages")
+            check_indices(table, limit, msg, self.forward_metadata.cache_seqlens_int32, ps)
+        return table
+
+    def guard_cache_loc(original, self, layer, forward_batch, *args, **kwargs):
+        loc = original(self, layer, forward_batch, *args, **kwargs)
+        # 0.5.10 passes out_cache_loc instead of the batch: no pool to check against.
+        if loc is None or not hasattr(forward_batch, "forward_mode"):
+            return loc
+        pool = kernel_pool(self, forward_batch)
+        if is_swa_layer(layer, pool):
+            ps = self.page_size or 1
+            slots = buffer_pages(pool, layer.layer_id, ps) * ps
+            msg = message("trtllm_mha", mode_name(forward_batch), layer.layer_id, "KV-write", slots, "slots")
+            check_indices(loc, slots, msg)
+        return loc
+
+    return guard_page_table, guard_cache_loc
+
+
+# ---------------------------------------------------------------------------- fa3
+
+_CALL = threading.local()  # the SWA layer an fa3 forward call is running, for the kernel hook
+
+
+def fa3_kernel_form(cls: type) -> str:
+    """"instance": ``forward_*`` call ``self.flash_attn_with_kvcache`` (0.5.10);
+    "module": they call the module global (0.5.11+)."""
+    src = compact(normalized_source(cls.forward_extend))
+    if f"{FA3_KERNEL_NAME}=self.{FA3_KERNEL_NAME}" in src:
+        return "instance"
+    mod = optional_module(FA3_MODULE)
+    if mod is not None and callable(getattr(mod, FA3_KERNEL_NAME, None)) and f"{FA3_KERNEL_NAME}(" in src:
+        return "module"
+    raise TargetMissing(FA3_KERNEL, "fa3 forward_extend calls its kernel in an unrecognised way")
+
+
+def guard_fa3_kernel(original, *args, **kwargs):
+    call = getattr(_CALL, "swa", None)
+    table, k_cache = kwargs.get("page_table"), kwargs.get("k_cache")
+    if call is not None and table is not None and k_cache is not None:
+        backend, layer, forward_batch = call
+        limit = k_cache.shape[0]
+        msg = message("fa3", mode_name(forward_batch), layer.layer_id, "page-table", limit, "pages")
+        check_indices(table, limit, msg, kwargs.get("cache_seqlens"), backend.page_size or 1)
+    return original(*args, **kwargs)
+
+
+def fa3_forward_hook(form: str) -> Callable:
+    """Around hook for ``forward_extend``/``forward_decode``: while an SWA layer runs, the
+    kernel hook knows backend, layer and batch (form "instance": the instance's kernel is
+    wrapped for the duration of the call)."""
+
+    def guard_forward(original, self, *args, **kwargs):
+        layer = args[3] if len(args) > 3 else kwargs.get("layer")
+        forward_batch = args[4] if len(args) > 4 else kwargs.get("forward_batch")
+        pools = (getattr(forward_batch, "token_to_kv_pool", None), getattr(self, "token_to_kv_pool", None))
+        if layer is None or not is_swa_layer(layer, *pools):
+            return original(self, *args, **kwargs)
+        previous, _CALL.swa = getattr(_CALL, "swa", None), (self, layer, forward_batch)
+        own = self.__dict__.get(FA3_KERNEL_NAME) if form == "instance" else None
+        if own is not None:
+            self.__dict__[FA3_KERNEL_NAME] = functools.partial(guard_fa3_kernel, own)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _CALL.swa = previous
+            if own is not None:
+                self.__dict__[FA3_KERNEL_NAME] = own
+
+    return guard_forward
+
+
+# ---------------------------------------------------------------------------- the fix
+
+
+def present_backends() -> dict:
+    """{"trtllm_mha": pool attr, "fa3": kernel form} for the backends this sglang has;
+    raises TargetMissing naming what moved."""
+    out = {}
+    if optional_module(TRT_MODULE) is not None:
+        for t in (TRT_PAGE_TABLE, TRT_CACHE_LOC):
+            split_target(t)
+        out["trtllm_mha"] = trtllm_pool_attr(split_target(TRT_PAGE_TABLE)[0])
+    if optional_module(FA3_MODULE) is not None:
+        for t in (FA3_EXTEND, FA3_DECODE):
+            split_target(t)
+        out["fa3"] = fa3_kernel_form(split_target(FA3_EXTEND)[0])
+    return out
+
+
+class SwaIndexGuard(Fix):
+    name = "swa_index_guard"
+    summary = "opt-in: device-side check that SWA-layer page tables and KV-write locations stay inside the KV pool they index"
+    upstream_prs = ()
+    targets = (TRT_PAGE_TABLE, TRT_CACHE_LOC, FA3_EXTEND, FA3_DECODE)
+    target_params = {
+        TRT_PAGE_TABLE: ("self", "layer", "forward_batch"),
+        TRT_CACHE_LOC: ("self", "layer"),
+        FA3_EXTEND: ("self", "q", "k", "v", "layer", "forward_batch"),
+        FA3_DECODE: ("self", "q", "k", "v", "layer", "forward_batch"),
+    }
+    opt_in = "guard"
+
+    def detect(self) -> Detection:
+        found = present_backends()
+        if not found:
+            return Detection.not_applicable("this sglang has neither a trtllm_mha nor an fa3 backend")
+        return Detection.needed("guard requested: checks SWA-layer indices of " + ", ".join(sorted(found)))
+
+    def install(self, hooks) -> None:
+        found = present_backends()
+        if "trtllm_mha" in found:
+            page_table, cache_loc = trtllm_hooks(found["trtllm_mha"])
+            hooks.around(TRT_PAGE_TABLE, page_table)
+            hooks.around(TRT_CACHE_LOC, cache_loc)
+        if "fa3" in found:
+            forward = fa3_forward_hook(found["fa3"])
+            hooks.around(FA3_EXTEND, forward)
+            hooks.around(FA3_DECODE, forward)
+            if found["fa3"] == "module":
+                hooks.around(FA3_KERNEL, guard_fa3_kernel)
+
+    def reproduce(self) -> bool:
+        return not scenario()["caught"]
+
+
+# ---------------------------------------------------------------------------- scenario
+
+
+def decode_bench(backend_name: str = "trtllm_mha") -> SimpleNamespace:
+    """Real objects of one decode step of a GPT-OSS-like target (layers 0, 2 sliding;
+    1, 3 full) on a real ``SWAKVPool`` of 64 full / 16 SWA slots whose index spaces
+    diverge: one request of 6 tokens whose full-pool indices (41..46) all lie beyond the
+    SWA pool (17 slots with the padding slot) and whose SWA slots (1..6) lie inside it;
+    the ``backend_name`` backend ("trtllm_mha" or "fa3"), a decode ``ForwardBatch`` and
+    the model's layers (``RadixAttention``, sliding window 127 on the SWA layers)."""
+    from sglang.srt.layers.radix_attention import RadixAttention
+
+    from sglang_swa_plugin import testbed
+
+    try:
+        pool = testbed.make_swa_pool(size=64, size_swa=16)
+        allocator = testbed.make_swa_allocator(pool)
+        testbed.diverge(allocator, 40)
+        req_to_token = testbed.make_req_to_token_pool()
+        tokens = testbed.alloc_tokens(allocator, 6)
+        rows, lens = testbed.fill_requests(req_to_token, [tokens])
+        runner = testbed.make_model_runner(kv_pool=pool, allocator=allocator, req_to_token_pool=req_to_token,
+                                           attention_backend=backend_name)
+        build = testbed.build_fa3_backend if backend_name == "fa3" else testbed.build_trtllm_backend
+        backend = build(runner)
+        batch = testbed.make_forward_batch(runner, "decode", req_pool_indices=rows, seq_lens=lens,
+                                           out_cache_loc=tokens[-1:], attn_backend=backend)
+    except testbed.Unavailable as e:
+        raise ScenarioUnavailable(str(e)) from None
+    except ImportError as e:  # e.g. no sgl_kernel flash_attn for fa3 on this machine
+        raise ScenarioUnavailable(f"cannot build the {backend_name} backend here: {e}") from None
+    layers = [
+        RadixAttention(num_heads=4, head_dim=8, scaling=1.0, num_kv_heads=2, layer_id=i,
+                       sliding_window_size=127 if is_swa else -1)
+        for i, (_, is_swa) in sorted(pool.layers_mapping.items())
+    ]
+    return SimpleNamespace(pool=pool, allocator=allocator, runner=runner, backend=backend, batch=batch,
+                           tokens=tokens, rows=rows, lens=lens, layers=layers,
+                           swa_layer=next(l for l in layers if l.sliding_window_size > -1),
+                           full_layer=next(l for l in layers if l.sliding_window_size == -1))
+
+
+def trtllm_metadata(bench: SimpleNamespace, width: Optional[int] = None):
+    """A real ``TRTLLMMHAMetadata`` for ``bench``'s decode step (page_size 1), as
+    ``init_forward_metadata`` fills it: the full-pool page table, the SWA page table (the
+    request's SWA slots), the KV lengths and (0.5.14+) the SWA write locations. A
+    ``width`` past the length pads each row with an out-of-range value, as the
+    uninitialised tail of a 0.5.14+ table may hold."""
+    import torch
+
+    mod = optional_module(TRT_MODULE)
+    full = bench.tokens.to(torch.int32)[None, :]
+    swa = bench.pool.translate_loc_from_full_to_swa(bench.tokens).to(torch.int32)[None, :]
+    if width is not None:
+        pad = torch.full((1, width - full.shape[1]), 1 << 20, dtype=torch.int32)
+        full, swa = torch.cat([full, pad], 1), torch.cat([swa, pad], 1)
+    meta = mod.TRTLLMMHAMetadata()
+    meta.page_table, meta.swa_page_table = full, swa
+    meta.cache_seqlens_int32 = bench.lens.to(torch.int32)
+    if hasattr(meta, "swa_out_cache_loc"):  # 0.5.14+: the SWA write locations, translated once
+        meta.swa_out_cache_loc = bench.pool.translate_loc_from_full_to_swa(bench.batch.out_cache_loc)
+    return meta
+
+
+def scenario() -> dict:
+    """trtllm_mha decode whose SWA page table holds full-pool indices beyond the SWA pool
+    (what seed 002 did on fa3): ``caught`` when the guard stopped the table before it
+    could reach the kernel, with the guard's message."""
+    if optional_module(TRT_MODULE) is None:
+        raise ScenarioUnavailable("this sglang has no trtllm_mha backend")
+    bench = decode_bench("trtllm_mha")
+    meta = trtllm_metadata(bench)
+    meta.swa_page_table = meta.page_table  # the index-space mix-up
+    bench.backend.forward_metadata = meta
+    try:
+        bench.backend._get_layer_page_table(bench.swa_layer, bench.batch)
+    except RuntimeError as e:
+        if PREFIX not in str(e):
+            raise
+        return {"caught": True, "message": str(e)}
+    return {"caught": False, "message": None}
+
+
+FIX = SwaIndexGuard()
+
+
+@hookimpl
+def sglang_swa_plugin_fixes():
+    return [FIX]

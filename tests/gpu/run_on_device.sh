@@ -1,0 +1,30 @@
+#!/bin/bash
+# Runs on the H100 machine, from the repository root, after the sglang payload's parts were
+# transferred (see ../shared/gpu/README.md): unpacks once, installs the plugin wheel built
+# here into the payload's site dir (sglang then finds it through its entry point), and runs
+# the named steps. Output goes to $OUT.
+#   bash tests/gpu/run_on_device.sh STEP [STEP ...]
+# Steps: unpack | smoke | fa3_eagle3 | trtllm_eagle | cost | fp8 | gpu_tests
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+for step in "$@"; do
+  echo "=== step $step $(date +%T)"
+  case $step in
+    unpack)
+      bash .gpu-payload/unpack.sh .gpu-payload true
+      python3 -m pip install -q --no-index --no-deps --upgrade --target /root/site .gpu-payload/plugin/*.whl
+      [ -d .gpu-payload/fi ] && python3 -m pip install -q --no-index --no-deps --upgrade --target /root/fi .gpu-payload/fi/*.whl
+      ls /root/site | grep -i -E "swa|sglang-|sglang_swa" ;;
+    smoke)
+      nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+      PYTHONPATH=/root/site python3 -c "import sglang, sgl_kernel, flashinfer, torch; from importlib.metadata import version as v; print('sglang', v('sglang'), 'flashinfer', v('flashinfer-python'), 'torch', torch.__version__, torch.cuda.get_device_name())"
+      (cd /tmp && PYTHONPATH=/root/site python3 -m sglang_swa_plugin.cli doctor) ;;
+    fa3_seq|fa3_eagle3|fa3_control|trtllm_eagle|cost)
+      PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-560} python3 tests/gpu/e2e_server.py $step --out "$OUT" ;;
+    fp8)
+      PYTHONPATH=/root/fi:/root/site timeout ${STEP_TIMEOUT:-400} python3 tests/gpu/fp8_xqa_probe.py --json "$OUT/fp8_xqa.json" ;;
+    gpu_tests)
+      repo=$(pwd); (cd /tmp && PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-400} python3 -m pytest -q -rs -m gpu "$repo/tests/gpu" -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log") ;;
+  esac
+done

@@ -393,4 +393,5 @@ def test_per_step_cost_is_attribute_swaps_only():
         base, hooked = per_step(original), per_step(wrapped)
     print(f"\n[frozen_kv_views] view enter+exit: sglang {base:.2f} us, with the fix {hooked:.2f} us "
           f"(+{hooked - base:.2f} us per view, attribute swaps only; 0 torch calls)")
-    assert hooked - base < 100  # generous: a shared CPU; the point is no tensor work
+    # The figure is printed, not asserted: timing on a shared CPU is no test. What is
+    # asserted above is structural: the wrapper makes no torch call at all.

@@ -90,7 +90,7 @@ from types import SimpleNamespace
 from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 from sglang_swa_plugin.fix import Detection, Fix, ScenarioUnavailable, TargetMissing, hookimpl
-from sglang_swa_plugin.probe import optional_module, own_function, swapped
+from sglang_swa_plugin.probe import optional_module, own_function, swapped, target_class
 
 MODULE = "sglang.srt.layers.attention.trtllm_mha_backend"
 CLASS = MODULE + ".TRTLLMHAAttnBackend"
@@ -226,11 +226,7 @@ def classify(cls: type) -> Detection:
 
 
 def _backend_class() -> type:
-    mod = optional_module(MODULE)
-    cls = getattr(mod, "TRTLLMHAAttnBackend", None) if mod is not None else None
-    if cls is None:
-        raise TargetMissing(CLASS)
-    return cls
+    return target_class(CLASS)
 
 
 # ---------------------------------------------------------------------------- CPU scenario

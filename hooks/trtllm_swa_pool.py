@@ -59,7 +59,7 @@ from types import SimpleNamespace
 from typing import Any, Optional
 
 from sglang_swa_plugin.fix import Detection, Fix, ScenarioUnavailable, TargetMissing, hookimpl
-from sglang_swa_plugin.probe import compact, normalized_source, optional_module, own_function
+from sglang_swa_plugin.probe import compact, normalized_source, optional_module, own_function, target_class
 
 logger = logging.getLogger("sglang.srt.plugins.swa_plugin")
 
@@ -74,11 +74,7 @@ _POOL_FORM = re.compile(r"isinstance\((kv_pool|model_runner\.token_to_kv_pool),S
 
 
 def _backend_class() -> type:
-    mod = optional_module(MODULE)
-    cls = getattr(mod, "TRTLLMHAAttnBackend", None) if mod is not None else None
-    if cls is None:
-        raise TargetMissing(CLASS)
-    return cls
+    return target_class(CLASS)
 
 
 def _swa_pool_class() -> type:

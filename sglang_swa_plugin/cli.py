@@ -68,13 +68,8 @@ def environment_report() -> dict:
 
 
 def doctor_report() -> dict:
-    cfg = _config.parse()
     fixes = load_fixes()
-    unknown = cfg.unknown_fix_names([f.name for f, _ in fixes])
-    if unknown:
-        cfg = _config.Config(**{**cfg.__dict__, "errors": tuple(cfg.errors) + (
-            f"{_config.FIXES} names unknown fix(es) {', '.join(unknown)}; valid names: "
-            + ", ".join(f.name for f, _ in fixes),)})
+    cfg = _config.parse().checked_against([f.name for f, _ in fixes])
     records = []
     for fix, source in fixes:
         trial: List[DirectHooks] = []

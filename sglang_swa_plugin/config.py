@@ -9,6 +9,7 @@ SGLANG_SWA_PLUGIN_GUARD  off (default) | 1: install the SWA index guard
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence
@@ -42,6 +43,16 @@ class Config:
     def unknown_fix_names(self, known: Sequence[str]) -> List[str]:
         named = set(self.include or ()) | set(self.exclude)
         return sorted(named - set(known))
+
+    def checked_against(self, known: Sequence[str]) -> "Config":
+        """This configuration, with an error when SGLANG_SWA_PLUGIN_FIXES names a fix
+        that is not among ``known``."""
+        unknown = self.unknown_fix_names(known)
+        if not unknown:
+            return self
+        err = (f"{FIXES} names unknown fix(es) {', '.join(unknown)}; valid names: "
+               + ", ".join(known) + " (prefix a name with '-' to exclude it)")
+        return dataclasses.replace(self, errors=tuple(self.errors) + (err,))
 
     def as_dict(self) -> Dict[str, object]:
         return {

@@ -276,16 +276,8 @@ def _register(loaded_via: str) -> None:
     STATE.registered = True
     STATE.loaded_via = loaded_via
     _ensure_visible()
-    cfg = STATE.config = _config.get()
     fixes = load_fixes()
-    unknown = cfg.unknown_fix_names([f.name for f, _ in fixes])
-    if unknown:
-        cfg = STATE.config = _config.Config(
-            **{**cfg.__dict__, "errors": tuple(cfg.errors) + (
-                f"{_config.FIXES} names unknown fix(es) {', '.join(unknown)}; valid names: "
-                + ", ".join(f.name for f, _ in fixes) + " (prefix a name with '-' to exclude it)",
-            )}
-        )
+    cfg = STATE.config = _config.get().checked_against([f.name for f, _ in fixes])
     for err in cfg.errors:
         logger.error("sglang-swa-plugin: %s; installing nothing", err)
     for fix, source in fixes:

@@ -23,6 +23,18 @@ def optional_module(name: str) -> Optional[ModuleType]:
         raise
 
 
+def target_class(dotted: str) -> type:
+    """The class at ``module.Class``; TargetMissing naming it where it is gone."""
+    from .fix import TargetMissing
+
+    module, _, name = dotted.rpartition(".")
+    mod = optional_module(module)
+    cls = getattr(mod, name, None) if mod is not None else None
+    if not isinstance(cls, type):
+        raise TargetMissing(dotted)
+    return cls
+
+
 def normalized_source(obj: Any) -> str:
     """Source of a function/method/class with comments dropped and all whitespace folded,
     so that formatting changes do not change the verdict."""

@@ -22,25 +22,8 @@ Bug
     built. The decision reads the host-side ``forward_mode`` enum only: no tensor is read, no
     device-to-host copy.
 
-    The FP8 query on XQA hardware (sm90/sm120), settled by reading, not fixed here. In
-    0.5.14-0.5.21, with an FP8 KV cache, ``forward_extend`` keeps the query in bf16 for XQA
-    only on TARGET_VERIFY (0.5.14 ``_maybe_quantize_q(q, force_fp8=not is_target_verify())``;
-    0.5.15-0.5.21 ``not self.is_xqa_impl or not is_target_verify()``), so DRAFT_EXTEND_V2
-    hands the decode kernel an FP8 query; 0.5.22 keys the choice on ``uses_decode_kernel``.
-    flashinfer 0.6.12, 0.6.15.post1 and 0.6.18 (the versions 0.5.14-0.5.21 pin) refuse such a
-    query before any kernel runs: the XQA path allocates ``out`` in ``out_dtype`` (sglang
-    passes bf16) and ``xqa()`` asserts "Output and query must have the same dtype" unless the
-    output is FP8, and the XQA JIT generator only has fp16/bf16 queries ("only float16 and
-    bfloat16 input are supported"). A loud failure at the first draft extend, never wrong
-    numbers. And a bf16 query fails on that path too: for ``q_len_per_req > 1`` XQA requires
-    its spec-decode mask ("Mask is required for speculative decoding"), which 0.5.14-0.5.20
-    never pass and 0.5.21 passes for TARGET_VERIFY only; 0.5.22 passes it for DRAFT_EXTEND_V2
-    as well. So DRAFT_EXTEND_V2 through the XQA decode kernel cannot run on 0.5.14-0.5.21
-    whatever the query dtype; the query-dtype half of 0.5.22's change alone would only move
-    the failure to the next assertion, and this module installs nothing for it.
-    ``tests/gpu/fp8_xqa_probe.py`` runs the real kernel on an H100 (bf16 and FP8 queries,
-    q_len_per_req 1 and > 1, with and without the mask, against a torch reference): revise
-    this paragraph if it shows an FP8 query accepted or a mask-less multi-token call running.
+    What XQA hardware (sm90/sm120) needs of a multi-token decode call (a bf16 query and the
+    spec-decode mask) is a separate fix: ``trtllm_xqa_spec_decode``.
 
 Upstream PRs
     #24566 (V2 to the decode kernel on ragged metadata, the bug), #24856 (V2 back to the
@@ -83,6 +66,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import inspect
 import textwrap
 from dataclasses import dataclass
@@ -127,8 +111,13 @@ def _v2_to_context_kernel(original: Callable, self: Any, *args: Any, **kwargs: A
 
 
 def _syntax(fn: Any) -> ast.FunctionDef:
-    """Syntax tree of a function or method (decorators and wrappers looked through)."""
-    fn = inspect.unwrap(getattr(fn, "__func__", fn))
+    """Syntax tree of a function or method (decorators and wrappers looked through); parsed
+    once per function (trtllm_xqa_spec_decode reads the same ``forward_extend``)."""
+    return _parsed(inspect.unwrap(getattr(fn, "__func__", fn)))
+
+
+@functools.lru_cache(maxsize=32)
+def _parsed(fn: Any) -> ast.FunctionDef:
     return ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
 
 
@@ -245,6 +234,8 @@ class KernelCall:
     seq_lens: List[int]
     cu_seqlens_q: Optional[List[int]]  # context only
     page_table: Any  # block_tables as passed (a CPU tensor)
+    mask: Any = None  # decode: the spec-decode mask passed (XQA), or None
+    window_left: Optional[int] = None  # as passed (-1: full attention)
 
     def breaks_decode_contract(self) -> bool:
         """A decode call whose query rows are not ``len(seq_lens) * q_len_per_req``: the kernel
@@ -261,9 +252,9 @@ def kernel_recorders(calls: List[KernelCall], layer_ids: List[int]) -> SimpleNam
         return out if out is not None else torch.zeros(query.shape, dtype=out_dtype or torch.bfloat16)
 
     def decode(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, *a,
-               q_len_per_req=1, out=None, out_dtype=None, **kw):
+               q_len_per_req=1, out=None, out_dtype=None, mask=None, **kw):
         calls.append(KernelCall("decode", layer_ids[-1], query.shape[0], query.dtype, q_len_per_req, None,
-                                seq_lens.tolist(), None, block_tables.clone()))
+                                seq_lens.tolist(), None, block_tables.clone(), mask, kw.get("window_left")))
         return output(query, out, out_dtype)
 
     def context(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len,
@@ -288,6 +279,14 @@ def _page_table_on_cpu(req_to_token, req_pool_indices, cache_seqlens, page_table
             swa_page_table[i, :pages] = (full_to_swa[slots] // page_size).to(swa_page_table.dtype)
 
 
+def _fp8_quant_on_cpu(x, scale=None, *args, **kwargs):
+    """What sgl_kernel's per-tensor ``scaled_fp8_quant`` returns, in torch."""
+    import torch
+
+    scale = x.abs().amax().float().clamp(min=1e-12) / torch.finfo(torch.float8_e4m3fn).max
+    return (x.float() / scale).to(torch.float8_e4m3fn), scale.reshape(1)
+
+
 def record_extend(backend: Any, forward_batch: Any, layers: Sequence[Any]) -> List[KernelCall]:
     """Build ``backend``'s metadata for ``forward_batch`` and run ``forward_extend`` for every
     layer with the flashinfer kernels (and, where the release has it, the Triton page-table
@@ -302,7 +301,9 @@ def record_extend(backend: Any, forward_batch: Any, layers: Sequence[Any]) -> Li
     with swapped(mod, "flashinfer", kernel_recorders(calls, layer_ids)):
         page_builder = (swapped(mod, "build_trtllm_mha_page_table", _page_table_on_cpu)
                         if hasattr(mod, "build_trtllm_mha_page_table") else contextlib.nullcontext())
-        with page_builder:
+        fp8_quant = (swapped(mod, "scaled_fp8_quant", _fp8_quant_on_cpu)
+                     if hasattr(mod, "scaled_fp8_quant") else contextlib.nullcontext())
+        with page_builder, fp8_quant:
             backend.init_forward_metadata(forward_batch)
             for layer in layers:
                 layer_ids.append(layer.layer_id)

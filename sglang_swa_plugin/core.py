@@ -76,6 +76,7 @@ BUILTIN_MODULES = (
     "sglang_swa_plugin.hooks.fa3_spec_translate",
     "sglang_swa_plugin.hooks.frozen_kv_views",
     "sglang_swa_plugin.hooks.trtllm_extend_routing",
+    "sglang_swa_plugin.hooks.trtllm_xqa_spec_decode",
     "sglang_swa_plugin.hooks.swa_index_guard",
 )
 

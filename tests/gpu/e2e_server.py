@@ -12,8 +12,11 @@ Scenarios:
   trtllm_eagle seed 001: trtllm_mha decode (XQA on Hopper) + fa3 prefill, EAGLE3 draft
                (topk 1). With the plugin, the accept length and outputs equal those of the
                same run with --disable-hybrid-swa-memory; without it they differ.
-  cost         decode throughput with the plugin on vs off (no speculative decoding),
-               alternating, several repetitions.
+  xqa_verify   trtllm_mha decode (XQA) with --speculative-attention-mode decode: TARGET_VERIFY
+               through the XQA decode kernel, without and with trtllm_xqa_spec_decode, and
+               the output compared with the same server without speculative decoding.
+  cost         decode throughput for COST_SETTINGS (plugin on / off / on with the guard),
+               alternating, warm servers, several repetitions.
 Each scenario writes DIR/<scenario>.json and the server logs DIR/<run>.log.
 """
 
@@ -127,7 +130,9 @@ def prompts(n: int, length: int, seed: int = 0) -> list:
     return [[rng.randrange(10, 2000) for _ in range(length)] for _ in range(n)]
 
 
-def run(name, out, args, env, reqs, max_new, concurrency=32):
+def run(name, out, args, env, reqs, max_new, concurrency=32, rounds=1):
+    """One server; ``rounds`` > 1: a warm-up round, then ``rounds`` timed rounds of the same
+    requests (``round_tok_per_s``), so that throughput is compared on warm servers."""
     srv = Server(name, out, args, env)
     res = {"name": name, "args": args, "env": env}
     try:
@@ -136,10 +141,15 @@ def run(name, out, args, env, reqs, max_new, concurrency=32):
             res["log_tail"] = open(srv.log, errors="replace").read()[-3000:]
             return res
         res["startup_s"] = round(srv.startup_s, 1)
-        t = time.time()
-        with ThreadPoolExecutor(concurrency) as ex:
-            outs = list(ex.map(lambda ids: generate(ids, max_new), reqs))
-        res["wall_s"] = time.time() - t
+        res["round_tok_per_s"] = []
+        for i in range(rounds + (1 if rounds > 1 else 0)):
+            t = time.time()
+            with ThreadPoolExecutor(concurrency) as ex:
+                outs = list(ex.map(lambda ids: generate(ids, max_new), reqs))
+            res["wall_s"] = time.time() - t
+            if rounds > 1 and i > 0:
+                toks = sum((o.get("meta_info", {}).get("completion_tokens") or 0) for o in outs)
+                res["round_tok_per_s"].append(round(toks / res["wall_s"], 1))
         res["outputs"] = [o.get("output_ids") for o in outs]
         res["errors"] = [o["error"] for o in outs if "error" in o]
         metas = [o.get("meta_info", {}) for o in outs]
@@ -149,6 +159,7 @@ def run(name, out, args, env, reqs, max_new, concurrency=32):
         res["accept_length"] = round(toks / verify, 4) if verify else None
         res["plugin_log"] = srv.log_lines("sglang-swa-plugin")
         res["crash"] = srv.proc.poll() is not None or bool(srv.log_lines("illegal memory access"))
+        res["assertions"] = [l[-200:] for l in srv.log_lines("Error")][:4]
     finally:
         srv.stop()
         with open(os.path.join(out, "runs.jsonl"), "a") as f:  # partial results survive a timeout
@@ -229,22 +240,62 @@ def scenario_trtllm_eagle(out, target, draft):
             "with_vs_no_hybrid": compare(with_.get("outputs") or [], nohybrid.get("outputs") or [])}
 
 
-def scenario_cost(out, target, _draft, reps: int = int(os.environ.get("COST_REPS", "3"))):
+def scenario_xqa_verify(out, target, draft):
+    """trtllm_mha decode on Hopper (XQA) with ``--speculative-attention-mode decode``: TARGET_VERIFY
+    runs the XQA decode kernel with 4 query tokens per request (trtllm_xqa_spec_decode).
+    Without that fix: XQA's "Mask is required for speculative decoding" (and, with an FP8 KV
+    cache, an FP8 query). With it: every request completes; greedy output is compared with
+    the same server without speculative decoding. XQA_KV=fp8_e4m3 runs it on an FP8 KV cache."""
+    reqs = prompts(8, 60, seed=3)
+    kv = os.environ.get("XQA_KV", "auto")
+    common = BASE + ["--model-path", target, "--decode-attention-backend", "trtllm_mha",
+                     "--prefill-attention-backend", "fa3", "--kv-cache-dtype", kv]
+    spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
+            "--speculative-draft-load-format", "dummy", "--speculative-eagle-topk", "1", "--speculative-num-steps", "3",
+            "--speculative-num-draft-tokens", "4", "--speculative-attention-mode", "decode"]
+    if os.environ.get("XQA_CUDA_GRAPH") == "1":
+        common = [a for a in common if a != "--disable-cuda-graph"]
+    fix_off = {**ON, "SGLANG_SWA_PLUGIN_FIXES": "-trtllm_xqa_spec_decode"}
+    res = {"kv_cache_dtype": kv}
+    res["without_fix"] = run(f"xqa_verify_{kv}_without_fix", out, common + spec, fix_off, reqs[:2], 32, concurrency=1)
+    res["with_fix"] = run(f"xqa_verify_{kv}_with_fix", out, common + spec, ON, reqs, 64, concurrency=1)
+    res["nospec"] = run(f"xqa_verify_{kv}_nospec", out, common, ON, reqs, 64, concurrency=1)
+    res["with_fix_vs_nospec"] = compare(res["with_fix"].get("outputs") or [], res["nospec"].get("outputs") or [])
+    return res
+
+
+SETTINGS = {"off": OFF, "on": ON, "guard": {**ON, "SGLANG_SWA_PLUGIN_GUARD": "1"}}
+
+
+def scenario_cost(out, target, _draft, reps: int = int(os.environ.get("COST_REPS", "2"))):
+    """Decode throughput (no speculative decoding, CUDA graphs on) for the settings in
+    COST_SETTINGS (default "on,off"; "guard" = plugin on with the index guard), alternating,
+    ``reps`` servers each; per server a warm-up round and 3 timed rounds, median taken."""
+    import statistics
+
     reqs = prompts(64, 32, seed=2)
-    common = BASE + ["--model-path", target, "--attention-backend", "fa3", "--max-total-tokens", "16384"]
+    base = [a for a in BASE if a != "--disable-cuda-graph"]
+    common = base + ["--model-path", target, "--attention-backend", "fa3", "--max-total-tokens", "16384",
+                     "--cuda-graph-max-bs", "64"]
+    labels = os.environ.get("COST_SETTINGS", "on,off").split(",")
     rows = []
     for i in range(reps):
-        for label, env in (("on", ON), ("off", OFF)):
-            r = run(f"cost_{label}_{i}", out, common, env, reqs, 256, concurrency=64)
-            rows.append({"plugin": label, "rep": i, "tok_per_s": (r.get("completion_tokens") or 0) / r["wall_s"]
-                         if r.get("wall_s") else None, "error": r.get("error")})
-    on = [r["tok_per_s"] for r in rows if r["plugin"] == "on" and r["tok_per_s"]]
-    off = [r["tok_per_s"] for r in rows if r["plugin"] == "off" and r["tok_per_s"]]
-    ratio = (sum(on) / len(on)) / (sum(off) / len(off)) if on and off else None
-    return {"rows": rows, "ratio_on_over_off": ratio}
+        for label in labels:
+            r = run(f"cost_{label}_{i}", out, common, SETTINGS[label], reqs, 256, concurrency=64, rounds=3)
+            rounds = r.get("round_tok_per_s") or []
+            rows.append({"setting": label, "rep": i, "rounds_tok_per_s": rounds,
+                         "tok_per_s": statistics.median(rounds) if rounds else None, "error": r.get("error"),
+                         "plugin_log": [l[-120:] for l in r.get("plugin_log", [])][:8]})
+    res = {"rows": rows}
+    for label in labels:
+        vals = [r["tok_per_s"] for r in rows if r["setting"] == label and r["tok_per_s"]]
+        res[f"mean_{label}"] = sum(vals) / len(vals) if vals else None
+    if len(labels) > 1 and res.get(f"mean_{labels[0]}") and res.get(f"mean_{labels[1]}"):
+        res[f"ratio_{labels[0]}_over_{labels[1]}"] = res[f"mean_{labels[0]}"] / res[f"mean_{labels[1]}"]
+    return res
 
 
-SCENARIOS = {"fa3_seq": scenario_fa3_seq, "fa3_eagle3": scenario_fa3_eagle3, "fa3_control": scenario_fa3_control, "trtllm_eagle": scenario_trtllm_eagle, "cost": scenario_cost}
+SCENARIOS = {"xqa_verify": scenario_xqa_verify, "fa3_seq": scenario_fa3_seq, "fa3_eagle3": scenario_fa3_eagle3, "fa3_control": scenario_fa3_control, "trtllm_eagle": scenario_trtllm_eagle, "cost": scenario_cost}
 
 
 def main():
@@ -270,11 +321,12 @@ def main():
             if isinstance(v, dict) and "identical_requests" in v:
                 summary[k] = f"{v['identical_requests']}/{v['of']} requests identical"
             elif isinstance(v, dict) and "name" in v:
-                summary[k] = {x: v.get(x) for x in ("accept_length", "crash", "error", "startup_s", "errors")}
+                summary[k] = {x: v.get(x) for x in ("accept_length", "crash", "error", "startup_s", "errors",
+                                                    "assertions", "round_tok_per_s")}
                 summary[k]["plugin_log"] = [l[-160:] for l in v.get("plugin_log", [])[:6]]
             elif not isinstance(v, (dict, list)):
                 summary[k] = v
-        if "ratio_on_over_off" in res:
+        if "rows" in res:
             summary["rows"] = res["rows"]
         print(f"== {s}: " + json.dumps(summary, indent=1)[:6000], flush=True)
 

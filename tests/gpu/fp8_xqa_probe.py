@@ -68,9 +68,16 @@ CASES = {
                         "FP8 query with the mask: the query dtype alone"),
     "fp8cast_q1_fp8out": ("fp8", "cast", False, False, "fp8",
                           "FP8 query and FP8 output, the only pairing xqa() lets through"),
+    # The calls the plugin's trtllm_xqa_spec_decode makes: the release's arguments (no mask;
+    # on 0.5.10-0.5.13 an FP8-cast query) through the plugin's own flashinfer view.
+    "plugin_bf16_qN": ("bf16", None, True, False, "bf16",
+                       "plugin: 0.5.10-0.5.21 TARGET_VERIFY / 0.5.14-0.5.21 DRAFT_EXTEND_V2 shown as it (bf16, mask added)"),
+    "plugin_fp8cast_qN": ("fp8", "cast", True, False, "bf16",
+                          "plugin: 0.5.10-0.5.13 TARGET_VERIFY with an FP8 KV cache (query cast to FP8; upcast, mask added)"),
 }
 SANITY = ("bf16_q1", "bf16_qN_mask")
-FP8_CASES = tuple(n for n, c in CASES.items() if c[0] == "fp8")
+PLUGIN_CASES = ("plugin_bf16_qN", "plugin_fp8cast_qN")
+FP8_CASES = tuple(n for n, c in CASES.items() if c[0] == "fp8" and n not in PLUGIN_CASES)
 
 
 def ensure_nvcc() -> None:
@@ -178,9 +185,14 @@ def run_case(name: str, args) -> dict:
         call["mask"] = spec_dec_mask(bs, q_len, dev)
     result = {"case": name, "what": CASES[name][5], "query_dtype": str(q_in.dtype),
               "q_len_per_req": q_len, "mask": with_mask, "out_dtype": str(call["out_dtype"])}
+    kernel = flashinfer.decode.trtllm_batch_decode_with_kv_cache
+    if name in PLUGIN_CASES:
+        from sglang_swa_plugin.hooks.trtllm_xqa_spec_decode import _Masks, _masking_flashinfer
+
+        kernel = _masking_flashinfer(flashinfer, _Masks()).decode.trtllm_batch_decode_with_kv_cache
     t0 = time.time()
     try:
-        out = flashinfer.decode.trtllm_batch_decode_with_kv_cache(**call)
+        out = kernel(**call)
         torch.cuda.synchronize()
     except BaseException as e:  # noqa: BLE001 - the exception IS the result
         result.update(outcome="raised", error=f"{type(e).__name__}: {e}".strip()[:400],
@@ -221,6 +233,10 @@ def verdict(results: dict) -> "tuple[list, bool]":
                      "(no wrong numbers; DRAFT_EXTEND_V2 with an FP8 KV cache fails on the first draft extend).")
     else:
         lines.append(f"VERDICT: incomplete, FP8 cases: {fp8}")
+    for n in PLUGIN_CASES:
+        r = results.get(n)
+        if r:
+            lines.append(f"PLUGIN {n}: {r.get('outcome')} (rel_err {r.get('rel_err')}, {r.get('error', '')})")
     nomask = results.get("bf16_qN_nomask", {})
     if nomask.get("outcome") == "raised":
         lines.append("Also: a bf16 query with q_len_per_req > 1 and no mask is refused too "
@@ -240,6 +256,7 @@ def main() -> int:
     ap.add_argument("--window-left", type=int, default=-1, help="sliding window (window_left), -1 = full")
     ap.add_argument("--rtol", type=float, default=0.05, help="max |out-ref| / max |ref| to count as a match")
     ap.add_argument("--inline", action="store_true", help="run the cases in this process")
+    ap.add_argument("--cases", help="comma-separated subset of the cases (default: all)")
     args = ap.parse_args()
 
     if args.case:
@@ -272,7 +289,7 @@ def main() -> int:
         print("not an XQA GPU (sm90/sm120): the question does not arise here"); return 2
 
     results = {}
-    for name in CASES:
+    for name in (args.cases.split(",") if args.cases else CASES):
         if args.inline:
             res = run_case(name, args)
         else:

@@ -4,7 +4,8 @@
 # here into the payload's site dir (sglang then finds it through its entry point), and runs
 # the named steps. Output goes to $OUT.
 #   bash tests/gpu/run_on_device.sh STEP [STEP ...]
-# Steps: unpack | smoke | fa3_eagle3 | trtllm_eagle | cost | fp8 | gpu_tests
+# Steps: unpack | smoke | xqa_verify | fa3_seq | fa3_eagle3 | fa3_control | trtllm_eagle | cost | fp8 | fp8w |
+#        guard_kernel | guard_server | gpu_tests
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -20,10 +21,17 @@ for step in "$@"; do
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
       PYTHONPATH=/root/site python3 -c "import sglang, sgl_kernel, flashinfer, torch; from importlib.metadata import version as v; print('sglang', v('sglang'), 'flashinfer', v('flashinfer-python'), 'torch', torch.__version__, torch.cuda.get_device_name())"
       (cd /tmp && PYTHONPATH=/root/site python3 -m sglang_swa_plugin.cli doctor) ;;
-    fa3_seq|fa3_eagle3|fa3_control|trtllm_eagle|cost)
+    xqa_verify|fa3_seq|fa3_eagle3|fa3_control|trtllm_eagle|cost)
       PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-560} python3 tests/gpu/e2e_server.py $step --out "$OUT" ;;
     fp8)
       PYTHONPATH=/root/fi:/root/site timeout ${STEP_TIMEOUT:-400} python3 tests/gpu/fp8_xqa_probe.py --json "$OUT/fp8_xqa.json" ;;
+    fp8w)  # the plugin's calls and the sanity cases again on a sliding-window layer
+      PYTHONPATH=/root/fi:/root/site timeout ${STEP_TIMEOUT:-400} python3 tests/gpu/fp8_xqa_probe.py --window-left 31 \
+        --cases bf16_q1,bf16_qN_mask,bf16_qN_nomask,plugin_bf16_qN,plugin_fp8cast_qN --json "$OUT/fp8_xqa_window31.json" ;;
+    guard_kernel|guard_server)
+      sel=$([ $step = guard_kernel ] && echo "not server and not throughput" || echo "seed_002_server")
+      repo=$(pwd); (cd /tmp && OUT=$OUT PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-560} python3 -m pytest -q -rs -s -m gpu \
+        "$repo/tests/gpu/test_swa_index_guard_gpu.py" -k "$sel" -p no:cacheprovider 2>&1 | tee "$OUT/$step.log" | tail -40) ;;
     gpu_tests)
       repo=$(pwd); (cd /tmp && PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-400} python3 -m pytest -q -rs -m gpu "$repo/tests/gpu" -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log") ;;
   esac

@@ -1,0 +1,362 @@
+"""trtllm_mha on XQA hardware: multi-token decode-kernel calls get a bf16 query and the spec-decode mask.
+
+Bug
+    On sm90/sm120 (``is_xqa_impl``) ``flashinfer.decode.trtllm_batch_decode_with_kv_cache``
+    runs the XQA kernel. For more than one query token per request (``q_len_per_req > 1``:
+    TARGET_VERIFY and, from 0.5.14, DRAFT_EXTEND_V2 in ``forward_extend``) XQA needs
+    (a) a causal spec-decode mask, or it asserts "Mask is required for speculative decoding";
+    (b) a bf16 query even with an FP8 KV cache, or it asserts "Output and query must have the
+        same dtype" (its JIT has no FP8-query variant).
+    0.5.10-0.5.20 never pass the mask. 0.5.14-0.5.21 quantize the query to FP8 for XQA on
+    every mode but TARGET_VERIFY (0.5.14 ``force_fp8=not is_target_verify()``, 0.5.15-0.5.21
+    ``not self.is_xqa_impl or not is_target_verify()``), so DRAFT_EXTEND_V2 with an FP8 KV
+    cache hands XQA an FP8 query. 0.5.21 passes its mask for TARGET_VERIFY only. 0.5.22 keys
+    both choices on "uses the decode kernel" (``uses_decode_kernel``, L1629-1640, L1740).
+    So with trtllm_mha for decode on Hopper and ``--speculative-attention-mode decode`` (or
+    ``--speculative-draft-attention-backend trtllm_mha``) the first verify or draft-extend step
+    fails. Loud, never wrong numbers; seen on an H100 with flashinfer's real XQA kernel
+    (``tests/gpu/fp8_xqa_probe.py``, tests/gpu/RESULTS.md).
+    The fix does what 0.5.22 does, around ``forward_extend`` and only where ``is_xqa_impl``:
+    - a DRAFT_EXTEND_V2 batch whose query rows are ``batch * max_seq_len_q`` (the decode
+      kernel's contract; see trtllm_extend_routing) is shown to the method as TARGET_VERIFY,
+      which runs the same decode-kernel branch on the same metadata, with the release's own
+      bf16-query rule (ENCODER_ONLY layers, which TARGET_VERIFY treats differently, are left
+      alone);
+    - for the call, the module's ``flashinfer`` name is a view of flashinfer whose decode
+      entry point adds the causal mask when ``q_len_per_req > 1`` and none was given. The mask
+      is 0.5.22's (row r of a request's draft attends to draft rows 0..r; uint16 words), kept
+      per backend and per query length, and never freed while a CUDA graph may point at it.
+    Host-side state only (forward mode, tensor shapes, ints): no device-to-host copy.
+
+    Sliding-window layers are left alone, on purpose. Measured on an H100 with flashinfer
+    0.6.12's real XQA kernel (tests/gpu/xqa_window_semantics.py, tests/gpu/RESULTS.md): with
+    the mask and ``window_left`` 16 or 31, a 4-token call differs from windowed causal
+    attention by 73-95 % (relative max error) whichever way the window is anchored, while the
+    same call without a window, and every single-token windowed call, match (0.3-2.7 %).
+    0.5.22 passes the same arguments for SWA layers. Giving SWA layers the mask would turn
+    XQA's loud refusal into silently wrong verify attention (a real 0.5.11 server with the
+    mask on every layer: 0 of 8 greedy outputs equal to the same server without speculative
+    decoding). So on a hybrid-SWA model this configuration still stops with XQA's assertion;
+    what the fix makes work is full-attention layers (non-SWA models, and the full layers of
+    hybrid ones). An exact SWA path (each draft row as its own single-token request) is
+    future work.
+
+Upstream PRs
+    The XQA spec-decode mask for TARGET_VERIFY (in 0.5.21) and the 0.5.22 change that keys the
+    query dtype and the mask on ``uses_decode_kernel``. #28241 (DRAFT_EXTEND_V2 to the decode
+    kernel, 0.5.14) made the draft-extend half reachable.
+
+Affected versions
+    0.5.10-0.5.20: TARGET_VERIFY through trtllm_mha on XQA (no mask). 0.5.14-0.5.21:
+    DRAFT_EXTEND_V2 through it (FP8 query with an FP8 KV cache; no mask). 0.5.22+: fixed.
+    Blackwell (sm100, trtllm-gen kernel) is not affected and the hook does nothing there.
+
+Detection
+    Structure of the installed ``forward_extend`` (its syntax tree, shared with
+    trtllm_extend_routing; never a version string). Multi-token decode calls are those
+    reached for TARGET_VERIFY, and for DRAFT_EXTEND_V2 where the method routes it to the
+    decode kernel. Needed when one of them gets no ``mask=``, or a mask chosen on
+    ``is_target_verify()`` alone while DRAFT_EXTEND_V2 is routed there too, or when the query
+    is made FP8 under a test of ``is_target_verify()`` that does not cover DRAFT_EXTEND_V2.
+    ``tests/test_trtllm_xqa_spec_decode.py`` checks on every matrix version that this verdict
+    equals what the real backend does (``reproduce``: a real backend with ``is_xqa_impl`` set
+    and an FP8 KV dtype, kernels recorded).
+
+Delete when
+    0.5.21 is the oldest supported release with trtllm_mha spec decoding on Hopper... in
+    practice: when 0.5.22 is the oldest supported sglang.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Dict, List, Tuple
+
+from sglang_swa_plugin.fix import Detection, Fix, ScenarioUnavailable, TargetMissing, hookimpl
+from sglang_swa_plugin.probe import optional_module, own_function, swapped, target_class
+
+from . import trtllm_extend_routing as routing
+
+MODULE = routing.MODULE
+CLASS = routing.CLASS
+TARGET = routing.TARGET
+TARGET_VERIFY_TEST = "is_target_verify"
+XQA_FLAG = "is_xqa_impl"
+
+
+# ---------------------------------------------------------------------------- the mask
+
+
+def spec_decode_mask(q_len: int, batch: int, device: Any = None) -> Any:
+    """0.5.22's XQA spec-decode mask: ``[batch, q_len, words]`` uint16, where row r has bits
+    0..r set (row r of a request's draft attends to draft rows 0..r and, through
+    ``seq_lens``, to the whole prefix). Built with device-side ops only."""
+    import torch
+
+    words = (q_len + 31) // 32 * 2
+    row = torch.arange(q_len, dtype=torch.int32, device=device)[:, None]
+    word = torch.arange(words, dtype=torch.int32, device=device)[None, :]
+    bits = (row + 1 - 16 * word).clamp(0, 16)
+    mask = ((1 << bits) - 1).to(torch.uint16)
+    return mask.unsqueeze(0).expand(batch, -1, -1).contiguous()
+
+
+class _Masks:
+    """Masks of one backend, per query length, grown on demand. Every mask ever handed out
+    stays referenced: a captured CUDA graph may read it at replay."""
+
+    def __init__(self) -> None:
+        self.by_len: Dict[Tuple[int, Any], Any] = {}
+        self.kept: List[Any] = []
+
+    def get(self, q_len: int, batch: int, device: Any) -> Any:
+        key = (q_len, device)
+        mask = self.by_len.get(key)
+        if mask is None or mask.shape[0] < batch:
+            mask = spec_decode_mask(q_len, max(batch, 2 * (mask.shape[0] if mask is not None else 0)), device)
+            self.by_len[key] = mask
+            self.kept.append(mask)
+        return mask[:batch]
+
+
+class _Namespace:
+    """A view of a module: ``overrides`` first, everything else from the module."""
+
+    def __init__(self, module: Any, **overrides: Any) -> None:
+        self.__dict__.update(overrides)
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+
+def _masking_flashinfer(flashinfer: Any, masks: _Masks) -> _Namespace:
+    """``flashinfer`` whose decode entry point, for a multi-token call, adds the spec-decode
+    mask where none was given and hands XQA a query in the output dtype where the release
+    made it FP8 (0.5.10-0.5.13 cast it for every extend mode; the FP8 scale, if any, is
+    already in ``bmm1_scale``, so the upcast computes what the FP8 query would on Blackwell)."""
+    import torch
+
+    decode = flashinfer.decode.trtllm_batch_decode_with_kv_cache
+
+    def trtllm_batch_decode_with_kv_cache(*args: Any, **kwargs: Any) -> Any:
+        q_len = kwargs.get("q_len_per_req") or 1
+        if q_len > 1 and "query" in kwargs and "seq_lens" in kwargs:
+            query = kwargs["query"]
+            if query.dtype == torch.float8_e4m3fn:
+                query = kwargs["query"] = query.to(kwargs.get("out_dtype") or torch.bfloat16)
+            if kwargs.get("mask") is None:
+                kwargs["mask"] = masks.get(q_len, kwargs["seq_lens"].shape[0], query.device)
+        return decode(*args, **kwargs)
+
+    return _Namespace(flashinfer, decode=_Namespace(flashinfer.decode,
+                                                   trtllm_batch_decode_with_kv_cache=trtllm_batch_decode_with_kv_cache))
+
+
+# ---------------------------------------------------------------------------- the fix
+
+
+def _uniform(q: Any, forward_batch: Any, metadata: Any) -> bool:
+    """Query rows are ``batch * max_seq_len_q``: the decode kernel's contract (host ints)."""
+    per_req = getattr(metadata, "max_seq_len_q", None)
+    return isinstance(per_req, int) and per_req > 1 and q.shape[0] == forward_batch.batch_size * per_req
+
+
+def _xqa_multi_token(v2_decode: bool) -> Callable:
+    """The AROUND hook; ``v2_decode``: the installed method routes DRAFT_EXTEND_V2 to the
+    decode kernel (0.5.14+), so showing it as TARGET_VERIFY keeps the kernel and the metadata."""
+
+    def hook(original: Callable, self: Any, *args: Any, **kwargs: Any) -> Any:
+        return _run(original, self, v2_decode, args, kwargs)
+
+    return hook
+
+
+def _run(original: Callable, self: Any, v2_decode: bool, args: tuple, kwargs: dict) -> Any:
+    """``forward_extend(self, q, k, v, layer, forward_batch, ...)`` on XQA."""
+    if not getattr(self, XQA_FLAG, False):
+        return original(self, *args, **kwargs)
+    forward_batch = args[4] if len(args) > 4 else kwargs["forward_batch"]
+    mode = forward_batch.forward_mode
+    verify = mode.is_target_verify()
+    if not verify and not mode.is_draft_extend_v2():
+        return original(self, *args, **kwargs)
+    mod = sys.modules[MODULE]
+    view = self.__dict__.get("_swa_plugin_xqa_flashinfer")
+    if view is None or view._module is not mod.flashinfer:
+        masks = self.__dict__.setdefault("_swa_plugin_xqa_masks", _Masks())
+        view = self._swa_plugin_xqa_flashinfer = _masking_flashinfer(mod.flashinfer, masks)
+    q = args[0] if args else kwargs["q"]
+    layer = args[3] if len(args) > 3 else kwargs["layer"]
+    if _sliding(layer):  # XQA's windowed multi-token path is not exact: stay loud (see Bug)
+        return original(self, *args, **kwargs)
+    shown = mode
+    if not verify and v2_decode and _uniform(q, forward_batch, self.forward_metadata) and not _encoder_only(layer):
+        shown = type(mode).TARGET_VERIFY
+    with swapped(mod, "flashinfer", view):
+        forward_batch.forward_mode = shown
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            forward_batch.forward_mode = mode
+
+
+def _sliding(layer: Any) -> bool:
+    window = getattr(layer, "sliding_window_size", None)
+    return window is not None and window >= 0
+
+
+def _encoder_only(layer: Any) -> bool:
+    kind = getattr(layer, "attn_type", None)
+    return getattr(kind, "name", None) == "ENCODER_ONLY"
+
+
+# ---------------------------------------------------------------------------- detection
+
+
+def _mask_values(tree: Any) -> List[Any]:
+    """Expressions passed as ``mask=`` to decode-kernel calls, with a local name resolved to
+    the expressions assigned to it."""
+    import ast
+
+    assigned: Dict[str, List[Any]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    assigned.setdefault(t.id, []).append(node.value)
+    values = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and routing._callee(node) in routing.DECODE_KERNELS:
+            for kw in node.keywords:
+                if kw.arg == "mask":
+                    v = kw.value
+                    values += assigned.get(v.id, [v]) if isinstance(v, ast.Name) else [v]
+    return values
+
+
+def _mentions(node: Any, name: str) -> bool:
+    import ast
+
+    return any(isinstance(n, ast.Call) and routing._callee(n) == name for n in ast.walk(node))
+
+
+def _fp8_query_tests(tree: Any) -> List[Any]:
+    """Conditions under which ``forward_extend`` makes the query FP8 for an FP8 KV cache:
+    tests mentioning ``data_type`` of ``if``s whose body converts to ``float8_e4m3fn``, and
+    ``force_fp8=`` arguments (0.5.14's ``_maybe_quantize_q`` keeps bf16 for XQA unless forced)."""
+    import ast
+
+    tests = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.If) and _attr(node.test, "data_type")
+                and any(_attr(s, "float8_e4m3fn") for s in node.body)):
+            tests.append((node.test, False))
+        if isinstance(node, ast.keyword) and node.arg == "force_fp8":
+            tests.append((node.value, True))
+    return tests
+
+
+def _attr(node: Any, name: str) -> bool:
+    import ast
+
+    return any(isinstance(n, ast.Attribute) and n.attr == name for n in ast.walk(node))
+
+
+def _covers_v2(test: Any, tree: Any) -> bool:
+    import ast
+
+    flags = frozenset(t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and routing._tests_v2(n.value)
+                      for t in n.targets if isinstance(t, ast.Name))
+    return any(isinstance(n, ast.Name) and n.id in flags for n in ast.walk(test)) or _mentions(test, routing.V2_TEST)
+
+
+def classify(cls: type) -> Detection:
+    forward_extend = own_function(cls, "forward_extend")
+    if forward_extend is None:
+        raise TargetMissing(TARGET)
+    try:
+        tree = routing._syntax(forward_extend)
+        v2_decode = routing.routes_v2_to_decode(forward_extend)
+    except (OSError, TypeError, SyntaxError) as e:
+        return Detection.unknown(f"source of TRTLLMHAAttnBackend unreadable: {type(e).__name__}: {e}")
+    if v2_decode is None:
+        return Detection.unknown("forward_extend calls no decode kernel: routing not recognised")
+    modes = "TARGET_VERIFY and DRAFT_EXTEND_V2 reach" if v2_decode else "TARGET_VERIFY reaches"
+    reasons = []
+    masks = _mask_values(tree)
+    if not masks:
+        reasons.append(f"{modes} the XQA decode kernel with no spec-decode mask")
+    elif v2_decode and all(_mentions(m, TARGET_VERIFY_TEST) and not routing._tests_v2(m) for m in masks):
+        reasons.append("the spec-decode mask is passed for TARGET_VERIFY only, not DRAFT_EXTEND_V2")
+    for test, forced in _fp8_query_tests(tree):
+        if not forced and not _attr(test, XQA_FLAG):
+            reasons.append("an FP8 KV cache makes the multi-token query FP8 for XQA too")
+        elif v2_decode and _mentions(test, TARGET_VERIFY_TEST) and not _covers_v2(test, tree):
+            reasons.append("DRAFT_EXTEND_V2 gets an FP8 query on XQA (bf16 is kept for TARGET_VERIFY only)")
+    if reasons:
+        return Detection.needed("; ".join(dict.fromkeys(reasons)))
+    return Detection.not_needed(f"{modes} XQA with the spec-decode mask and a bf16 query")
+
+
+# ---------------------------------------------------------------------------- CPU scenario
+
+
+def scenario(xqa: bool = True) -> List[routing.KernelCall]:
+    """TARGET_VERIFY and DRAFT_EXTEND_V2 (2 requests x 3 tokens, uniform) through a real
+    trtllm_mha backend set up as on XQA hardware (``is_xqa_impl``, and the mask that 0.5.21+
+    build in ``__init__`` there) with an FP8 KV dtype, kernels recorded. ``xqa=False``: the
+    same backend as on Blackwell."""
+    import torch
+    from sglang_swa_plugin import testbed
+
+    try:
+        bench = routing.extend_bench()
+        backend = bench.backend
+        backend.is_xqa_impl = xqa
+        backend.data_type = torch.float8_e4m3fn
+        if xqa and getattr(backend, "_xqa_spec_dec_mask", False) is None and backend.speculative_num_draft_tokens:
+            # What the release's __init__ builds on XQA hardware (0.5.21+), which CPU is not.
+            backend._xqa_spec_dec_mask = spec_decode_mask(backend.speculative_num_draft_tokens, 8)
+        calls = routing.record_extend(bench.backend, bench.batch("TARGET_VERIFY", [3, 3]), bench.layers)
+        return calls + routing.record_extend(bench.backend, bench.batch("DRAFT_EXTEND_V2", [3, 3]), bench.layers)
+    except testbed.Unavailable as e:
+        raise ScenarioUnavailable(str(e)) from None
+
+
+def broken(calls: List[routing.KernelCall]) -> List[routing.KernelCall]:
+    """Full-attention decode calls XQA would refuse: more than one token per request without
+    a mask, or a query that is not bf16. (Sliding-window layers are out of this fix's scope.)"""
+    import torch
+
+    return [c for c in calls if c.kernel == "decode" and (c.q_len_per_req or 1) > 1
+            and (c.window_left is None or c.window_left < 0)
+            and (c.mask is None or c.q_dtype != torch.bfloat16)]
+
+
+class TrtllmXqaSpecDecodeFix(Fix):
+    name = "trtllm_xqa_spec_decode"
+    summary = "trtllm_mha on XQA (sm90/sm120): multi-token decode calls get a bf16 query and the spec-decode mask"
+    upstream_prs = ("0.5.21 XQA spec-decode mask", "0.5.22 uses_decode_kernel", "#28241")
+    targets = (TARGET,)
+    target_params = {TARGET: ("self", "q", "k", "v", "layer", "forward_batch")}
+
+    def detect(self) -> Detection:
+        if optional_module(MODULE) is None:
+            return Detection.not_applicable("this sglang has no trtllm_mha backend")
+        return classify(target_class(CLASS))
+
+    def install(self, hooks) -> None:
+        forward_extend = own_function(target_class(CLASS), "forward_extend")
+        hooks.around(TARGET, _xqa_multi_token(bool(routing.routes_v2_to_decode(forward_extend))))
+
+    def reproduce(self) -> bool:
+        return bool(broken(scenario()))
+
+
+FIX = TrtllmXqaSpecDecodeFix()
+
+
+@hookimpl
+def sglang_swa_plugin_fixes():
+    return [FIX]

@@ -1,0 +1,114 @@
+"""trtllm_xqa_spec_decode: on XQA hardware (sm90/sm120) every multi-token decode-kernel call of
+``TRTLLMHAAttnBackend.forward_extend`` (TARGET_VERIFY; DRAFT_EXTEND_V2 where it is routed there)
+gets a bf16 query and the causal spec-decode mask, as 0.5.22 does. A real backend over
+diverged full/SWA pools, set up as on XQA hardware, with an FP8 KV dtype and the flashinfer
+entry points replaced by recorders. The GPU half (the real XQA kernel refusing what the
+release passes and computing the right attention with what the fix passes) is
+tests/gpu/fp8_xqa_probe.py.
+
+Which release does what is the research map: the tests pick their expectations by release,
+the fix never does."""
+
+from __future__ import annotations
+
+from importlib.metadata import version
+
+import pytest
+import torch
+
+from sglang_swa_plugin.core import temporarily_installed
+from sglang_swa_plugin.fix import Verdict
+from sglang_swa_plugin.hooks import trtllm_xqa_spec_decode as xqa
+from sglang_swa_plugin.patching import target_marked_by
+
+FIX = xqa.FIX
+SGLANG = tuple(int(x) for x in version("sglang").split(".")[:3])
+V2_ON_DECODE = SGLANG >= (0, 5, 14)  # #28241
+FIXED_UPSTREAM = SGLANG >= (0, 5, 22)
+
+
+def kernels(calls):
+    return [(c.kernel, c.layer_id, c.q_rows, c.q_len_per_req, c.batch_size) for c in calls]
+
+
+def test_detection_matches_what_the_backend_does():
+    """The structural verdict (read at start-up) equals the behaviour of the real backend."""
+    det = FIX.detect()
+    bad = xqa.broken(xqa.scenario())
+    print(f"\nsglang {version('sglang')}: {det.verdict.value}: {det.reason}; refused calls: {len(bad)}")
+    assert det.verdict in (Verdict.NEEDED, Verdict.NOT_NEEDED)
+    assert (det.verdict is Verdict.NEEDED) == bool(bad)
+    assert (det.verdict is Verdict.NEEDED) == (not FIXED_UPSTREAM)
+
+
+@pytest.mark.skipif(FIXED_UPSTREAM, reason="0.5.22+ passes the mask and a bf16 query itself")
+def test_without_the_fix_xqa_gets_what_it_refuses():
+    calls = xqa.scenario()
+    decode = [c for c in calls if c.kernel == "decode"]
+    assert xqa.broken(calls)
+    assert all(c.q_len_per_req == 3 and c.mask is None for c in decode)
+    fp8 = [c for c in decode if c.q_dtype == torch.float8_e4m3fn]
+    if V2_ON_DECODE:  # TARGET_VERIFY keeps bf16, DRAFT_EXTEND_V2 gets FP8 (0.5.14-0.5.21)
+        assert len(decode) == 4 and len(fp8) == 2
+    else:  # only TARGET_VERIFY reaches the decode kernel, with the query cast to FP8
+        assert len(decode) == 2 and len(fp8) == 2
+
+
+@pytest.mark.skipif(FIXED_UPSTREAM, reason="nothing to install on 0.5.22+")
+def test_with_the_fix_every_multi_token_call_gets_bf16_and_the_causal_mask():
+    before = xqa.scenario()
+    with temporarily_installed(FIX):
+        assert target_marked_by(xqa.TARGET) == FIX.name
+        after = xqa.scenario()
+    assert xqa.broken(before) and not xqa.broken(after)
+    assert kernels(after) == kernels(before)  # same kernels, same shapes: routing untouched
+    full = [c for c in after if c.kernel == "decode" and c.window_left < 0]
+    sliding = [c for c in after if c.kernel == "decode" and c.window_left >= 0]
+    assert full and sliding
+    for call in full:
+        assert call.q_dtype == torch.bfloat16
+        assert call.mask.dtype == torch.uint16 and tuple(call.mask.shape) == (2, 3, 2)
+        assert call.mask[:, :, 0].tolist() == [[0b1, 0b11, 0b111]] * 2 and not call.mask[:, :, 1].any()
+    # Sliding-window layers: exactly what the release passes (XQA's windowed multi-token path
+    # is not exact on Hopper, so they must stay loud rather than become silently wrong).
+    before_sliding = [c for c in before if c.kernel == "decode" and c.window_left >= 0]
+    assert [(c.q_dtype, c.mask is None) for c in sliding] == [(c.q_dtype, True) for c in before_sliding]
+
+
+@pytest.mark.skipif(FIXED_UPSTREAM, reason="nothing to install on 0.5.22+")
+def test_on_blackwell_the_fix_changes_nothing():
+    """trtllm-gen (sm100) takes FP8 queries and needs no mask: the hook must pass through."""
+    before = xqa.scenario(xqa=False)
+    with temporarily_installed(FIX):
+        after = xqa.scenario(xqa=False)
+    assert [(c.kernel, c.q_dtype, c.mask is None) for c in after] == [(c.kernel, c.q_dtype, True) for c in before]
+    assert kernels(after) == kernels(before)
+
+
+@pytest.mark.parametrize("q_len", [2, 3, 7, 16, 17, 33, 40])
+def test_mask_is_causal_within_the_draft(q_len):
+    mask = xqa.spec_decode_mask(q_len, 3)
+    words = mask.shape[-1]
+    assert mask.shape == (3, q_len, words) and words == (q_len + 31) // 32 * 2
+    bits = torch.stack([(mask.to(torch.int32) >> b) & 1 for b in range(16)], dim=-1).reshape(3, q_len, words * 16)
+    want = (torch.arange(words * 16)[None, :] <= torch.arange(q_len)[:, None]).to(torch.int32)
+    assert torch.equal(bits, want.expand(3, -1, -1))
+
+
+def test_masks_handed_out_stay_alive():
+    """A CUDA graph captured with one mask reads it at every replay: growing must not free it."""
+    masks = xqa._Masks()
+    small = masks.get(3, 2, torch.device("cpu"))
+    big = masks.get(3, 9, torch.device("cpu"))
+    assert big.shape[0] == 9 and masks.get(3, 4, torch.device("cpu")).data_ptr() == big.data_ptr()
+    assert any(m.data_ptr() == small.data_ptr() for m in masks.kept)
+
+
+def test_the_check_command_runs_the_scenario():
+    from sglang_swa_plugin.cli import check_report
+
+    rep = check_report()
+    row = next(r for r in rep["rows"] if r["fix"] == FIX.name)
+    print("\n", row)
+    assert row["reproduced_without"] is (not FIXED_UPSTREAM) and row["fixed_with"] is True
+    assert row["detection"] == ("not needed" if FIXED_UPSTREAM else "needed")

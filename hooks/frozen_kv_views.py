@@ -61,12 +61,11 @@ import contextlib
 import functools
 import inspect
 import sys
-import textwrap
 from types import SimpleNamespace
 from typing import Any, Optional
 
 from ..fix import Detection, Fix, ScenarioUnavailable, TargetMissing, hookimpl
-from ..probe import optional_module, swapped
+from ..probe import function_source, optional_module, swapped
 
 UTILS = "sglang.srt.speculative.frozen_kv_mtp_utils"
 VIEW_NAMES = ("frozen_kv_target_view", "target_kv_pool_view")
@@ -221,7 +220,7 @@ def _constructor_swa_state(cls: type, runner: Any) -> Any:
     """Execute the statements of the installed constructor that set the SWA state (and
     the local names they read) with ``self`` a blank object; return its ``_swa_kv_pool``."""
     init = inspect.unwrap(cls.__init__)
-    func = ast.parse(textwrap.dedent(inspect.getsource(init))).body[0]
+    func = ast.parse(function_source(init)).body[0]
     self_name, runner_name = list(inspect.signature(init).parameters)[:2]
     picked, needed = [], set()
     for stmt in reversed(func.body):

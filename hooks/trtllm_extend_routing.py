@@ -66,15 +66,13 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import functools
 import inspect
-import textwrap
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 from sglang_swa_plugin.fix import Detection, Fix, ScenarioUnavailable, TargetMissing, hookimpl
-from sglang_swa_plugin.probe import optional_module, own_function, swapped, target_class
+from sglang_swa_plugin.probe import function_text, function_tree, optional_module, own_function, swapped, target_class
 
 MODULE = "sglang.srt.layers.attention.trtllm_mha_backend"
 CLASS = MODULE + ".TRTLLMHAAttnBackend"
@@ -113,12 +111,18 @@ def _v2_to_context_kernel(original: Callable, self: Any, *args: Any, **kwargs: A
 def _syntax(fn: Any) -> ast.FunctionDef:
     """Syntax tree of a function or method (decorators and wrappers looked through); parsed
     once per function (trtllm_xqa_spec_decode reads the same ``forward_extend``)."""
-    return _parsed(inspect.unwrap(getattr(fn, "__func__", fn)))
+    return function_tree(fn)[0]
 
 
-@functools.lru_cache(maxsize=32)
-def _parsed(fn: Any) -> ast.FunctionDef:
-    return ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+def _nodes(tree: ast.AST) -> List[ast.AST]:
+    """``ast.walk(tree)`` as a list, computed once per (cached) tree."""
+    got = _NODES.get(id(tree))
+    if got is None or got[0] is not tree:
+        got = _NODES[id(tree)] = (tree, list(ast.walk(tree)))
+    return got[1]
+
+
+_NODES: dict = {}
 
 
 def _callee(call: ast.Call) -> Optional[str]:
@@ -144,7 +148,7 @@ def _tests_v2(expr: ast.AST, flags: frozenset = frozenset()) -> bool:
 
 def _v2_branches(tree: ast.AST, flags: frozenset = frozenset()) -> Iterator[List[ast.AST]]:
     """Bodies of the ``if``s (and conditional expressions) taken for DRAFT_EXTEND_V2."""
-    for node in ast.walk(tree):
+    for node in _nodes(tree):
         if isinstance(node, (ast.If, ast.IfExp)) and _tests_v2(node.test, flags):
             yield node.body if isinstance(node.body, list) else [node.body]
 
@@ -153,11 +157,11 @@ def routes_v2_to_decode(forward_extend: Any) -> Optional[bool]:
     """Whether ``forward_extend`` runs a decode kernel for DRAFT_EXTEND_V2; None when it
     calls no decode kernel at all (a shape this fix does not know)."""
     tree = _syntax(forward_extend)
-    if not _calls(tree, DECODE_KERNELS):
+    if not any(isinstance(n, ast.Call) and _callee(n) in DECODE_KERNELS for n in _nodes(tree)):
         return None
     flags = frozenset(
         target.id
-        for node in ast.walk(tree)
+        for node in _nodes(tree)
         if isinstance(node, ast.Assign) and _tests_v2(node.value)
         for target in node.targets
         if isinstance(target, ast.Name)
@@ -189,6 +193,8 @@ def uniform_v2_metadata(cls: type) -> bool:
             if "cuda_graph" not in name or name in seen or not inspect.isfunction(getattr(raw, "__func__", raw)):
                 continue
             seen.add(name)
+            if V2_TEST not in function_text(raw):  # no V2 branch possible: skip the parse
+                continue
             branches += list(_v2_branches(_syntax(raw)))
     return bool(branches) and not any(_ragged(body) for body in branches)
 

@@ -16,7 +16,8 @@ Bug
     ``--speculative-draft-attention-backend trtllm_mha``) the first verify or draft-extend step
     fails. Loud, never wrong numbers; seen on an H100 with flashinfer's real XQA kernel
     (``tests/gpu/fp8_xqa_probe.py``, tests/gpu/RESULTS.md).
-    The fix does what 0.5.22 does, around ``forward_extend`` and only where ``is_xqa_impl``:
+    The fix does what 0.5.22 does (except on sliding-window layers, below), around
+    ``forward_extend`` and only where ``is_xqa_impl``:
     - a DRAFT_EXTEND_V2 batch whose query rows are ``batch * max_seq_len_q`` (the decode
       kernel's contract; see trtllm_extend_routing) is shown to the method as TARGET_VERIFY,
       which runs the same decode-kernel branch on the same metadata, with the release's own
@@ -28,23 +29,24 @@ Bug
       per backend and per query length, and never freed while a CUDA graph may point at it.
     Host-side state only (forward mode, tensor shapes, ints): no device-to-host copy.
 
-    Sliding-window layers are left alone, on purpose. Measured on an H100 with flashinfer
-    0.6.12's real XQA kernel (tests/gpu/xqa_window_semantics.py, tests/gpu/RESULTS.md): with
-    the mask and ``window_left`` 16 or 31, a 4-token call differs from windowed causal
-    attention by 73-95 % (relative max error) whichever way the window is anchored, while the
-    same call without a window, and every single-token windowed call, match (0.3-2.7 %).
-    0.5.22 passes the same arguments for SWA layers. Giving SWA layers the mask would turn
-    XQA's loud refusal into silently wrong verify attention (a real 0.5.11 server with the
-    mask on every layer: 0 of 8 greedy outputs equal to the same server without speculative
-    decoding). So on a hybrid-SWA model this configuration still stops with XQA's assertion;
-    what the fix makes work is full-attention layers (non-SWA models, and the full layers of
-    hybrid ones). An exact SWA path (each draft row as its own single-token request) is
-    future work.
+    Sliding-window layers get no mask but one single-token request per draft row, on
+    purpose. Measured on an H100 with flashinfer 0.6.12's real XQA kernel
+    (tests/gpu/xqa_window_semantics.py, tests/gpu/RESULTS.md): with the mask and
+    ``window_left`` 16 or 31, a 4-token call differs from windowed causal attention by
+    73-95 % (relative max error) whichever way the window is anchored, while the same call
+    without a window, and every single-token windowed call, match (0.3-2.7 %). 0.5.22 passes
+    the mask for SWA layers too; on a real 0.5.11 server, giving every layer the mask made
+    0 of 8 greedy outputs equal those of the same server without speculative decoding.
+    Row r of a request whose ``seq_lens`` (after the draft's K/V) is S sees keys
+    ``S - q_len + r`` and before, within the window: exactly causal attention.
 
 Upstream PRs
-    The XQA spec-decode mask for TARGET_VERIFY (in 0.5.21) and the 0.5.22 change that keys the
-    query dtype and the mask on ``uses_decode_kernel``. #28241 (DRAFT_EXTEND_V2 to the decode
-    kernel, 0.5.14) made the draft-extend half reachable.
+    #32269 "Support XQA backend for SpecDec verify" (the mask, TARGET_VERIFY; in 0.5.21), then
+    0.5.22's change keying the query dtype and the mask on ``uses_decode_kernel`` (PR number
+    not found). #28241 (DRAFT_EXTEND_V2 to the decode kernel, 0.5.14) made the draft-extend
+    half reachable. flashinfer #4137 "ragged Q and per-row sliding-window masking for
+    speculative decode" (merged 2026-07) is the kernel-side change that the windowed
+    multi-token XQA path measured below lacks (flashinfer 0.6.12).
 
 Affected versions
     0.5.10-0.5.20: TARGET_VERIFY through trtllm_mha on XQA (no mask). 0.5.14-0.5.21:
@@ -63,8 +65,7 @@ Detection
     and an FP8 KV dtype, kernels recorded).
 
 Delete when
-    0.5.21 is the oldest supported release with trtllm_mha spec decoding on Hopper... in
-    practice: when 0.5.22 is the oldest supported sglang.
+    0.5.22 (with a flashinfer that carries #4137) is the oldest supported sglang.
 """
 
 from __future__ import annotations
@@ -131,21 +132,34 @@ class _Namespace:
 
 
 def _masking_flashinfer(flashinfer: Any, masks: _Masks) -> _Namespace:
-    """``flashinfer`` whose decode entry point, for a multi-token call, adds the spec-decode
-    mask where none was given and hands XQA a query in the output dtype where the release
-    made it FP8 (0.5.10-0.5.13 cast it for every extend mode; the FP8 scale, if any, is
-    already in ``bmm1_scale``, so the upcast computes what the FP8 query would on Blackwell)."""
+    """``flashinfer`` whose decode entry point makes a multi-token call one that XQA computes
+    exactly:
+    - a query the release made FP8 (0.5.10-0.5.13 cast it for every extend mode) is handed
+      over in the output dtype; the FP8 scale, if any, is already in ``bmm1_scale``, so this
+      computes what the FP8 query would on Blackwell;
+    - full attention (``window_left < 0``): the causal spec-decode mask where none was given;
+    - a sliding window: every draft row becomes its own one-token request (page-table row
+      repeated, ``seq_lens`` = that row's position + 1), because XQA's multi-token path is not
+      exact with a window (see Bug). Device-side ops only, so it is CUDA-graph safe."""
     import torch
 
     decode = flashinfer.decode.trtllm_batch_decode_with_kv_cache
 
     def trtllm_batch_decode_with_kv_cache(*args: Any, **kwargs: Any) -> Any:
         q_len = kwargs.get("q_len_per_req") or 1
-        if q_len > 1 and "query" in kwargs and "seq_lens" in kwargs:
+        if q_len > 1 and not args and {"query", "seq_lens", "block_tables"} <= kwargs.keys():
             query = kwargs["query"]
             if query.dtype == torch.float8_e4m3fn:
                 query = kwargs["query"] = query.to(kwargs.get("out_dtype") or torch.bfloat16)
-            if kwargs.get("mask") is None:
+            window = kwargs.get("window_left")
+            if window is not None and window >= 0:
+                seq_lens = kwargs["seq_lens"]
+                offsets = torch.arange(1 - q_len, 1, device=seq_lens.device, dtype=seq_lens.dtype)
+                kwargs["seq_lens"] = (seq_lens[:, None] + offsets[None, :]).reshape(-1)
+                kwargs["block_tables"] = kwargs["block_tables"].repeat_interleave(q_len, dim=0)
+                kwargs["q_len_per_req"] = 1
+                kwargs.pop("mask", None)
+            elif kwargs.get("mask") is None:
                 kwargs["mask"] = masks.get(q_len, kwargs["seq_lens"].shape[0], query.device)
         return decode(*args, **kwargs)
 
@@ -188,8 +202,6 @@ def _run(original: Callable, self: Any, v2_decode: bool, args: tuple, kwargs: di
         view = self._swa_plugin_xqa_flashinfer = _masking_flashinfer(mod.flashinfer, masks)
     q = args[0] if args else kwargs["q"]
     layer = args[3] if len(args) > 3 else kwargs["layer"]
-    if _sliding(layer):  # XQA's windowed multi-token path is not exact: stay loud (see Bug)
-        return original(self, *args, **kwargs)
     shown = mode
     if not verify and v2_decode and _uniform(q, forward_batch, self.forward_metadata) and not _encoder_only(layer):
         shown = type(mode).TARGET_VERIFY
@@ -199,11 +211,6 @@ def _run(original: Callable, self: Any, v2_decode: bool, args: tuple, kwargs: di
             return original(self, *args, **kwargs)
         finally:
             forward_batch.forward_mode = mode
-
-
-def _sliding(layer: Any) -> bool:
-    window = getattr(layer, "sliding_window_size", None)
-    return window is not None and window >= 0
 
 
 def _encoder_only(layer: Any) -> bool:
@@ -220,13 +227,13 @@ def _mask_values(tree: Any) -> List[Any]:
     import ast
 
     assigned: Dict[str, List[Any]] = {}
-    for node in ast.walk(tree):
+    for node in routing._nodes(tree):
         if isinstance(node, ast.Assign):
             for t in node.targets:
                 if isinstance(t, ast.Name):
                     assigned.setdefault(t.id, []).append(node.value)
     values = []
-    for node in ast.walk(tree):
+    for node in routing._nodes(tree):
         if isinstance(node, ast.Call) and routing._callee(node) in routing.DECODE_KERNELS:
             for kw in node.keywords:
                 if kw.arg == "mask":
@@ -248,7 +255,7 @@ def _fp8_query_tests(tree: Any) -> List[Any]:
     import ast
 
     tests = []
-    for node in ast.walk(tree):
+    for node in routing._nodes(tree):
         if (isinstance(node, ast.If) and _attr(node.test, "data_type")
                 and any(_attr(s, "float8_e4m3fn") for s in node.body)):
             tests.append((node.test, False))
@@ -266,7 +273,7 @@ def _attr(node: Any, name: str) -> bool:
 def _covers_v2(test: Any, tree: Any) -> bool:
     import ast
 
-    flags = frozenset(t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and routing._tests_v2(n.value)
+    flags = frozenset(t.id for n in routing._nodes(tree) if isinstance(n, ast.Assign) and routing._tests_v2(n.value)
                       for t in n.targets if isinstance(t, ast.Name))
     return any(isinstance(n, ast.Name) and n.id in flags for n in ast.walk(test)) or _mentions(test, routing.V2_TEST)
 
@@ -325,19 +332,19 @@ def scenario(xqa: bool = True) -> List[routing.KernelCall]:
 
 
 def broken(calls: List[routing.KernelCall]) -> List[routing.KernelCall]:
-    """Full-attention decode calls XQA would refuse: more than one token per request without
-    a mask, or a query that is not bf16. (Sliding-window layers are out of this fix's scope.)"""
+    """Decode calls XQA refuses: a query that is not bf16, or more than one token per request
+    without a mask. (The windowed multi-token calls the fix also rewrites are checked by the
+    tests and on the GPU: XQA runs them, inexactly.)"""
     import torch
 
-    return [c for c in calls if c.kernel == "decode" and (c.q_len_per_req or 1) > 1
-            and (c.window_left is None or c.window_left < 0)
-            and (c.mask is None or c.q_dtype != torch.bfloat16)]
+    return [c for c in calls if c.kernel == "decode"
+            and (c.q_dtype != torch.bfloat16 or ((c.q_len_per_req or 1) > 1 and c.mask is None))]
 
 
 class TrtllmXqaSpecDecodeFix(Fix):
     name = "trtllm_xqa_spec_decode"
     summary = "trtllm_mha on XQA (sm90/sm120): multi-token decode calls get a bf16 query and the spec-decode mask"
-    upstream_prs = ("0.5.21 XQA spec-decode mask", "0.5.22 uses_decode_kernel", "#28241")
+    upstream_prs = ("#32269", "flashinfer #4137", "#28241")
     targets = (TARGET,)
     target_params = {TARGET: ("self", "q", "k", "v", "layer", "forward_batch")}
 

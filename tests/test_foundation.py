@@ -329,3 +329,23 @@ def test_no_fix_reports_unknown_on_this_sglang():
     for fix, src in load_fixes():
         det = safe_detect(fix)
         assert det.verdict is not Verdict.UNKNOWN, (fix.name, det.reason)
+
+
+def test_function_source_equals_inspect_getsource_on_sglang_functions():
+    """The fast source reader (no tokenizing of the whole module) gives the same syntax tree
+    as ``inspect.getsource`` for the long backend methods the fixes read."""
+    import ast
+    import inspect
+    import textwrap
+
+    from sglang_swa_plugin.probe import function_source, optional_module
+
+    mod = optional_module("sglang.srt.layers.attention.trtllm_mha_backend")
+    if mod is None:
+        pytest.skip("no trtllm_mha backend")
+    fns = [f for k in (mod.TRTLLMHAAttnBackend, mod.TRTLLMHAAttnMultiStepDraftBackend)
+           for f in vars(k).values() if inspect.isfunction(f)]
+    assert len(fns) >= 8
+    for fn in fns:
+        want = ast.dump(ast.parse(textwrap.dedent(inspect.getsource(fn))))
+        assert ast.dump(ast.parse(function_source(fn))) == want, fn.__qualname__

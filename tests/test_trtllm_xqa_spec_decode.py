@@ -61,18 +61,20 @@ def test_with_the_fix_every_multi_token_call_gets_bf16_and_the_causal_mask():
         assert target_marked_by(xqa.TARGET) == FIX.name
         after = xqa.scenario()
     assert xqa.broken(before) and not xqa.broken(after)
-    assert kernels(after) == kernels(before)  # same kernels, same shapes: routing untouched
+    assert [c[:3] for c in kernels(after)] == [c[:3] for c in kernels(before)]  # routing untouched
     full = [c for c in after if c.kernel == "decode" and c.window_left < 0]
     sliding = [c for c in after if c.kernel == "decode" and c.window_left >= 0]
-    assert full and sliding
+    assert full and sliding and all(c.q_dtype == torch.bfloat16 for c in full + sliding)
     for call in full:
-        assert call.q_dtype == torch.bfloat16
-        assert call.mask.dtype == torch.uint16 and tuple(call.mask.shape) == (2, 3, 2)
+        assert call.q_len_per_req == 3 and call.mask.dtype == torch.uint16 and tuple(call.mask.shape) == (2, 3, 2)
         assert call.mask[:, :, 0].tolist() == [[0b1, 0b11, 0b111]] * 2 and not call.mask[:, :, 1].any()
-    # Sliding-window layers: exactly what the release passes (XQA's windowed multi-token path
-    # is not exact on Hopper, so they must stay loud rather than become silently wrong).
-    before_sliding = [c for c in before if c.kernel == "decode" and c.window_left >= 0]
-    assert [(c.q_dtype, c.mask is None) for c in sliding] == [(c.q_dtype, True) for c in before_sliding]
+    # Sliding-window layers: one single-token request per draft row, no mask; row r of a
+    # request with S tokens sees S-2+r tokens through the same page-table row.
+    for call, orig in zip(sliding, (c for c in before if c.kernel == "decode" and c.window_left >= 0)):
+        assert call.q_len_per_req == 1 and call.mask is None and call.q_rows == orig.q_rows == 6
+        assert call.seq_lens == [s - 2 + r for s in orig.seq_lens for r in range(3)]
+        for i, n in enumerate(call.seq_lens):  # the pages each row reads (page_size 1)
+            assert torch.equal(call.page_table[i, :n], orig.page_table[i // 3, :n])
 
 
 @pytest.mark.skipif(FIXED_UPSTREAM, reason="nothing to install on 0.5.22+")

@@ -31,6 +31,7 @@ def ref(q, k_pages, v_pages, bt, seq_lens, page_size, q_len, sm_scale, W, anchor
 
 
 def main():
+    import flashinfer
     import flashinfer.decode
 
     dev = torch.device("cuda")
@@ -59,6 +60,19 @@ def main():
         if n > 1:  # per-row error pattern under the per_row rule
             r = ref(qq, kc, vc, bt, sl, ps, n, d ** -0.5, W, "per_row")
             res["per_row_err_by_row"] = [round(((out - r).view(bs, n, nq, d)[:, i].abs().max()).item(), 4) for i in range(n)]
+    # The plugin's trtllm_xqa_spec_decode view, given the release's arguments (no mask).
+    try:
+        from sglang_swa_plugin.hooks.trtllm_xqa_spec_decode import _Masks, _masking_flashinfer
+
+        view = _masking_flashinfer(flashinfer, _Masks())
+        out = view.decode.trtllm_batch_decode_with_kv_cache(
+            query=q, kv_cache=(kc, vc), workspace_buffer=ws, block_tables=bt, seq_lens=sl, max_seq_len=4096,
+            bmm1_scale=d ** -0.5, bmm2_scale=1.0, window_left=W, sinks=None, out_dtype=torch.bfloat16,
+            q_len_per_req=q_len).float()
+        r = ref(q, kc, vc, bt, sl, ps, q_len, d ** -0.5, W, "per_row")
+        res["plugin_view_per_row"] = round(((out - r).abs().max() / r.abs().max()).item(), 4)
+    except ImportError as e:
+        res["plugin_view_per_row"] = f"plugin not importable: {e}"
     print("XQA_WINDOW=" + json.dumps({"window_left": W, "rel_err": res}))
 
 

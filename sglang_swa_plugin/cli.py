@@ -118,10 +118,15 @@ def _print_doctor(rep: dict) -> None:
 
 def check_report() -> dict:
     rows = []
+    cfg = _config.parse()
     for fix, _source in load_fixes():
         row = {"fix": fix.name, "detection": None, "reproduced_without": None, "fixed_with": None, "note": ""}
         det = safe_detect(fix)
         row["detection"] = det.verdict.value
+        if fix.opt_in and not getattr(cfg, fix.opt_in, False):
+            # The scenario still runs (it shows what the opt-in does), but it is off here.
+            row["detection"] = "opt-in, off"
+            row["note"] = f"{_config.opt_in_variable(fix.opt_in)}=1 turns it on"
         if not fix.has_scenario():
             row["note"] = "no CPU scenario for this fix yet"
             rows.append(row)

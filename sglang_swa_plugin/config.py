@@ -122,3 +122,8 @@ def get() -> Config:
     if _CACHED is None:
         _CACHED = parse()
     return _CACHED
+
+
+def opt_in_variable(opt_in: str) -> str:
+    """The environment variable that turns an opt-in fix on (``Fix.opt_in`` names it)."""
+    return {"guard": GUARD}.get(opt_in, opt_in)

@@ -161,8 +161,7 @@ def decide(fix: Fix, source: str, cfg: _config.Config, hooks_factory) -> FixReco
     if not cfg.enabled:
         return _record(fix, source, DISABLED, f"{_config.ENABLE}={cfg.raw.get(_config.ENABLE)}", False)
     if fix.opt_in and not getattr(cfg, fix.opt_in, False):
-        var = {"guard": _config.GUARD}.get(fix.opt_in, fix.opt_in)
-        return _record(fix, source, DISABLED, f"opt-in: {var} is off", False)
+        return _record(fix, source, DISABLED, f"opt-in: {_config.opt_in_variable(fix.opt_in)} is off", False)
     if not cfg.selected(fix.name):
         return _record(fix, source, DISABLED, f"not selected by {_config.FIXES}={cfg.raw.get(_config.FIXES)}", False)
     already = [t for t in fix.targets if target_marked_by(t) == fix.name]

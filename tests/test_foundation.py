@@ -349,3 +349,14 @@ def test_function_source_equals_inspect_getsource_on_sglang_functions():
     for fn in fns:
         want = ast.dump(ast.parse(textwrap.dedent(inspect.getsource(fn))))
         assert ast.dump(ast.parse(function_source(fn))) == want, fn.__qualname__
+
+
+def test_check_reports_an_opt_in_fix_that_is_off_as_off(monkeypatch):
+    from sglang_swa_plugin.cli import check_report
+
+    monkeypatch.delenv("SGLANG_SWA_PLUGIN_GUARD", raising=False)
+    row = next(r for r in check_report()["rows"] if r["fix"] == "swa_index_guard")
+    assert row["detection"] == "opt-in, off" and "SGLANG_SWA_PLUGIN_GUARD=1" in row["note"]
+    monkeypatch.setenv("SGLANG_SWA_PLUGIN_GUARD", "1")
+    row = next(r for r in check_report()["rows"] if r["fix"] == "swa_index_guard")
+    assert row["detection"] in ("needed", "not applicable")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -70,3 +71,21 @@ def child_json(proc: subprocess.CompletedProcess, key: str = "RESULT"):
 
 def plugin_log_lines(proc: subprocess.CompletedProcess) -> list:
     return [l for l in proc.stderr.splitlines() if l.startswith("LOG|sglang.srt.plugins.swa_plugin|")]
+
+
+@contextlib.contextmanager
+def without_fix(cls, attr: str, fix_name: str):
+    """``cls.attr`` as sglang defines it for the block, whatever installed ``fix_name`` on it
+    in this process (on sglang without a plugin framework the start-up hook installs the
+    needed fixes for good when sglang's model runner is imported)."""
+    from sglang_swa_plugin.patching import marked_by
+    from sglang_swa_plugin.probe import swapped
+
+    fn = cls.__dict__[attr]
+    if marked_by(fn) != fix_name:
+        yield
+        return
+    while marked_by(fn) == fix_name and hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    with swapped(cls, attr, fn):
+        yield

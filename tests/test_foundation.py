@@ -336,7 +336,6 @@ def test_function_source_equals_inspect_getsource_on_sglang_functions():
     as ``inspect.getsource`` for the long backend methods the fixes read."""
     import ast
     import inspect
-    import textwrap
 
     from sglang_swa_plugin.probe import function_source, optional_module
 

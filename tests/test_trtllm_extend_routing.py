@@ -25,6 +25,8 @@ from sglang_swa_plugin.hooks import trtllm_extend_routing as routing
 from sglang_swa_plugin.patching import DirectHooks, target_marked_by
 from sglang_swa_plugin.probe import swapped
 
+from helpers import without_fix
+
 FIX = routing.FIX
 SGLANG = tuple(int(x) for x in version("sglang").split(".")[:3])
 ROUTES_V2_TO_DECODE = SGLANG >= (0, 5, 14)  # #28241
@@ -114,7 +116,7 @@ def test_released_routing_is_left_alone(bench):
     assert routing.uniform_v2_metadata(type(bench.backend)) == UNIFORM_V2_GRAPH_METADATA
     trial = []
     rec = decide(FIX, "builtin", parse(), lambda name: trial.append(DirectHooks(name)) or trial[-1])
-    assert rec.status == "not needed" and not trial and target_marked_by(routing.TARGET) is None
+    assert rec.status == "not needed" and not trial and target_marked_by(routing.TARGET) != FIX.name
     assert not FIX.reproduce()
     if ROUTES_V2_TO_DECODE:  # upstream's speed-up is kept: uniform V2 still on the decode kernel
         assert_decode(record(bench, "DRAFT_EXTEND_V2", [NUM_DRAFT] * 2), NUM_DRAFT, [7, 9])
@@ -259,8 +261,8 @@ def test_query_dtype_reaching_the_decode_kernel_on_xqa_with_fp8_kv(bench):
     """Pins what the module record states about the FP8 question: with an FP8 KV cache on XQA
     hardware, DRAFT_EXTEND_V2 reaches the decode kernel with an FP8 query in 0.5.14-0.5.21 and
     a bf16 one from 0.5.22; TARGET_VERIFY keeps a bf16 query from 0.5.14 (0.5.10-0.5.13 cast
-    every extend query to FP8). The plugin changes neither (see the record: flashinfer refuses
-    an FP8 query, and those releases pass no spec-decode mask for DRAFT_EXTEND_V2)."""
+    every extend query to FP8). The releases' own behaviour: trtllm_xqa_spec_decode, which
+    changes it, is peeled off where the 0.5.10 start-up hook installed it."""
     backend = bench.backend
     mod = inspect.getmodule(type(backend))
     saved = backend.is_xqa_impl, backend.data_type
@@ -268,7 +270,7 @@ def test_query_dtype_reaching_the_decode_kernel_on_xqa_with_fp8_kv(bench):
                 else contextlib.nullcontext())
     backend.is_xqa_impl, backend.data_type = True, torch.float8_e4m3fn
     try:
-        with stand_in:
+        with stand_in, without_fix(type(backend), "forward_extend", "trtllm_xqa_spec_decode"):
             verify = record(bench, "TARGET_VERIFY", [NUM_DRAFT] * 2)
             v2 = record(bench, "DRAFT_EXTEND_V2", [NUM_DRAFT] * 2)
     finally:

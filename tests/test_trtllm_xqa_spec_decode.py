@@ -16,15 +16,27 @@ from importlib.metadata import version
 import pytest
 import torch
 
+# Import sglang's model runner first: on sglang without a plugin framework that is when the
+# start-up hook installs the plugin, which the tests must see before peeling it off.
+import sglang.srt.model_executor.model_runner  # noqa: F401
+
 from sglang_swa_plugin.core import temporarily_installed
 from sglang_swa_plugin.fix import Verdict
 from sglang_swa_plugin.hooks import trtllm_xqa_spec_decode as xqa
 from sglang_swa_plugin.patching import target_marked_by
+from sglang_swa_plugin.probe import target_class
+
+from helpers import without_fix
 
 FIX = xqa.FIX
 SGLANG = tuple(int(x) for x in version("sglang").split(".")[:3])
 V2_ON_DECODE = SGLANG >= (0, 5, 14)  # #28241
 FIXED_UPSTREAM = SGLANG >= (0, 5, 22)
+
+
+def stock():
+    """The release's own ``forward_extend`` (the 0.5.10 start-up hook may have fixed it)."""
+    return without_fix(target_class(xqa.CLASS), "forward_extend", FIX.name)
 
 
 def kernels(calls):
@@ -34,7 +46,8 @@ def kernels(calls):
 def test_detection_matches_what_the_backend_does():
     """The structural verdict (read at start-up) equals the behaviour of the real backend."""
     det = FIX.detect()
-    bad = xqa.broken(xqa.scenario())
+    with stock():
+        bad = xqa.broken(xqa.scenario())
     print(f"\nsglang {version('sglang')}: {det.verdict.value}: {det.reason}; refused calls: {len(bad)}")
     assert det.verdict in (Verdict.NEEDED, Verdict.NOT_NEEDED)
     assert (det.verdict is Verdict.NEEDED) == bool(bad)
@@ -43,7 +56,8 @@ def test_detection_matches_what_the_backend_does():
 
 @pytest.mark.skipif(FIXED_UPSTREAM, reason="0.5.22+ passes the mask and a bf16 query itself")
 def test_without_the_fix_xqa_gets_what_it_refuses():
-    calls = xqa.scenario()
+    with stock():
+        calls = xqa.scenario()
     decode = [c for c in calls if c.kernel == "decode"]
     assert xqa.broken(calls)
     assert all(c.q_len_per_req == 3 and c.mask is None for c in decode)
@@ -56,10 +70,11 @@ def test_without_the_fix_xqa_gets_what_it_refuses():
 
 @pytest.mark.skipif(FIXED_UPSTREAM, reason="nothing to install on 0.5.22+")
 def test_with_the_fix_every_multi_token_call_gets_bf16_and_the_causal_mask():
-    before = xqa.scenario()
-    with temporarily_installed(FIX):
-        assert target_marked_by(xqa.TARGET) == FIX.name
-        after = xqa.scenario()
+    with stock():
+        before = xqa.scenario()
+        with temporarily_installed(FIX):
+            assert target_marked_by(xqa.TARGET) == FIX.name
+            after = xqa.scenario()
     assert xqa.broken(before) and not xqa.broken(after)
     assert [c[:3] for c in kernels(after)] == [c[:3] for c in kernels(before)]  # routing untouched
     full = [c for c in after if c.kernel == "decode" and c.window_left < 0]
@@ -80,9 +95,10 @@ def test_with_the_fix_every_multi_token_call_gets_bf16_and_the_causal_mask():
 @pytest.mark.skipif(FIXED_UPSTREAM, reason="nothing to install on 0.5.22+")
 def test_on_blackwell_the_fix_changes_nothing():
     """trtllm-gen (sm100) takes FP8 queries and needs no mask: the hook must pass through."""
-    before = xqa.scenario(xqa=False)
-    with temporarily_installed(FIX):
-        after = xqa.scenario(xqa=False)
+    with stock():
+        before = xqa.scenario(xqa=False)
+        with temporarily_installed(FIX):
+            after = xqa.scenario(xqa=False)
     assert [(c.kernel, c.q_dtype, c.mask is None) for c in after] == [(c.kernel, c.q_dtype, True) for c in before]
     assert kernels(after) == kernels(before)
 
@@ -109,7 +125,8 @@ def test_masks_handed_out_stay_alive():
 def test_the_check_command_runs_the_scenario():
     from sglang_swa_plugin.cli import check_report
 
-    rep = check_report()
+    with stock():  # `sglang-swa-plugin check` judges stock sglang (it disarms the start-up hook)
+        rep = check_report()
     row = next(r for r in rep["rows"] if r["fix"] == FIX.name)
     print("\n", row)
     assert row["reproduced_without"] is (not FIXED_UPSTREAM) and row["fixed_with"] is True

@@ -98,11 +98,8 @@ def _v2_to_context_kernel(original: Callable, self: Any, *args: Any, **kwargs: A
     mode = forward_batch.forward_mode
     if not mode.is_draft_extend_v2():
         return original(self, *args, **kwargs)
-    forward_batch.forward_mode = _context_mode(mode)
-    try:
+    with swapped(forward_batch, "forward_mode", _context_mode(mode)):
         return original(self, *args, **kwargs)
-    finally:
-        forward_batch.forward_mode = mode
 
 
 # ---------------------------------------------------------------------------- detection

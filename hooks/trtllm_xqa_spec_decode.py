@@ -102,15 +102,19 @@ def spec_decode_mask(q_len: int, batch: int, device: Any = None) -> Any:
     return mask.unsqueeze(0).expand(batch, -1, -1).contiguous()
 
 
-class _Masks:
-    """Masks of one backend, per query length, grown on demand. Every mask ever handed out
-    stays referenced: a captured CUDA graph may read it at replay."""
+class _XqaState:
+    """Per backend: the spec-decode masks, per query length, grown on demand (every mask ever
+    handed out stays referenced: a captured CUDA graph may read it at replay); and the
+    single-token rows of the current batch, built once per batch for all its
+    sliding-window layers (they share ``seq_lens`` and the SWA page table)."""
 
     def __init__(self) -> None:
         self.by_len: Dict[Tuple[int, Any], Any] = {}
         self.kept: List[Any] = []
+        self.batch: Any = None
+        self.rows: Any = None
 
-    def get(self, q_len: int, batch: int, device: Any) -> Any:
+    def mask(self, q_len: int, batch: int, device: Any) -> Any:
         key = (q_len, device)
         mask = self.by_len.get(key)
         if mask is None or mask.shape[0] < batch:
@@ -118,6 +122,22 @@ class _Masks:
             self.by_len[key] = mask
             self.kept.append(mask)
         return mask[:batch]
+
+    def begin(self, forward_batch: Any) -> None:
+        if forward_batch is not self.batch:
+            self.batch, self.rows = forward_batch, None
+
+    def single_token_rows(self, seq_lens: Any, block_tables: Any, q_len: int) -> Tuple[Any, Any]:
+        """Row r of a request with ``seq_lens`` S (after the draft's K/V) as a request of its
+        own: ``seq_lens`` S - q_len + 1 + r, the request's page-table row."""
+        import torch
+
+        if self.rows is None or self.rows[0] is not seq_lens or self.rows[1] is not block_tables \
+                or self.rows[2] != q_len:
+            offsets = torch.arange(1 - q_len, 1, device=seq_lens.device, dtype=seq_lens.dtype)
+            self.rows = (seq_lens, block_tables, q_len, (seq_lens[:, None] + offsets[None, :]).reshape(-1),
+                         block_tables.repeat_interleave(q_len, dim=0))
+        return self.rows[3], self.rows[4]
 
 
 class _Namespace:
@@ -131,7 +151,7 @@ class _Namespace:
         return getattr(self._module, name)
 
 
-def _masking_flashinfer(flashinfer: Any, masks: _Masks) -> _Namespace:
+def _masking_flashinfer(flashinfer: Any, state: _XqaState) -> _Namespace:
     """``flashinfer`` whose decode entry point makes a multi-token call one that XQA computes
     exactly:
     - a query the release made FP8 (0.5.10-0.5.13 cast it for every extend mode) is handed
@@ -153,14 +173,12 @@ def _masking_flashinfer(flashinfer: Any, masks: _Masks) -> _Namespace:
                 query = kwargs["query"] = query.to(kwargs.get("out_dtype") or torch.bfloat16)
             window = kwargs.get("window_left")
             if window is not None and window >= 0:
-                seq_lens = kwargs["seq_lens"]
-                offsets = torch.arange(1 - q_len, 1, device=seq_lens.device, dtype=seq_lens.dtype)
-                kwargs["seq_lens"] = (seq_lens[:, None] + offsets[None, :]).reshape(-1)
-                kwargs["block_tables"] = kwargs["block_tables"].repeat_interleave(q_len, dim=0)
+                kwargs["seq_lens"], kwargs["block_tables"] = state.single_token_rows(
+                    kwargs["seq_lens"], kwargs["block_tables"], q_len)
                 kwargs["q_len_per_req"] = 1
                 kwargs.pop("mask", None)
             elif kwargs.get("mask") is None:
-                kwargs["mask"] = masks.get(q_len, kwargs["seq_lens"].shape[0], query.device)
+                kwargs["mask"] = state.mask(q_len, kwargs["seq_lens"].shape[0], query.device)
         return decode(*args, **kwargs)
 
     return _Namespace(flashinfer, decode=_Namespace(flashinfer.decode,
@@ -177,40 +195,31 @@ def _uniform(q: Any, forward_batch: Any, metadata: Any) -> bool:
 
 
 def _xqa_multi_token(v2_decode: bool) -> Callable:
-    """The AROUND hook; ``v2_decode``: the installed method routes DRAFT_EXTEND_V2 to the
-    decode kernel (0.5.14+), so showing it as TARGET_VERIFY keeps the kernel and the metadata."""
+    """The AROUND hook on ``forward_extend(self, q, k, v, layer, forward_batch, ...)``.
+    ``v2_decode``: the installed method routes DRAFT_EXTEND_V2 to the decode kernel (0.5.14+),
+    so showing it as TARGET_VERIFY keeps the kernel and the metadata."""
 
     def hook(original: Callable, self: Any, *args: Any, **kwargs: Any) -> Any:
-        return _run(original, self, v2_decode, args, kwargs)
+        forward_batch = args[4] if len(args) > 4 else kwargs["forward_batch"]
+        mode = forward_batch.forward_mode
+        verify = mode.is_target_verify()
+        if not getattr(self, XQA_FLAG, False) or not (verify or mode.is_draft_extend_v2()):
+            return original(self, *args, **kwargs)
+        mod = sys.modules[MODULE]
+        view = self.__dict__.get("_swa_plugin_xqa_flashinfer")
+        if view is None or view._module is not mod.flashinfer:  # tests swap flashinfer for recorders
+            state = self.__dict__.setdefault("_swa_plugin_xqa_state", _XqaState())
+            view = self._swa_plugin_xqa_flashinfer = _masking_flashinfer(mod.flashinfer, state)
+        self._swa_plugin_xqa_state.begin(forward_batch)
+        q = args[0] if args else kwargs["q"]
+        layer = args[3] if len(args) > 3 else kwargs["layer"]
+        shown = mode
+        if not verify and v2_decode and _uniform(q, forward_batch, self.forward_metadata) and not _encoder_only(layer):
+            shown = type(mode).TARGET_VERIFY
+        with swapped(mod, "flashinfer", view), swapped(forward_batch, "forward_mode", shown):
+            return original(self, *args, **kwargs)
 
     return hook
-
-
-def _run(original: Callable, self: Any, v2_decode: bool, args: tuple, kwargs: dict) -> Any:
-    """``forward_extend(self, q, k, v, layer, forward_batch, ...)`` on XQA."""
-    if not getattr(self, XQA_FLAG, False):
-        return original(self, *args, **kwargs)
-    forward_batch = args[4] if len(args) > 4 else kwargs["forward_batch"]
-    mode = forward_batch.forward_mode
-    verify = mode.is_target_verify()
-    if not verify and not mode.is_draft_extend_v2():
-        return original(self, *args, **kwargs)
-    mod = sys.modules[MODULE]
-    view = self.__dict__.get("_swa_plugin_xqa_flashinfer")
-    if view is None or view._module is not mod.flashinfer:
-        masks = self.__dict__.setdefault("_swa_plugin_xqa_masks", _Masks())
-        view = self._swa_plugin_xqa_flashinfer = _masking_flashinfer(mod.flashinfer, masks)
-    q = args[0] if args else kwargs["q"]
-    layer = args[3] if len(args) > 3 else kwargs["layer"]
-    shown = mode
-    if not verify and v2_decode and _uniform(q, forward_batch, self.forward_metadata) and not _encoder_only(layer):
-        shown = type(mode).TARGET_VERIFY
-    with swapped(mod, "flashinfer", view):
-        forward_batch.forward_mode = shown
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            forward_batch.forward_mode = mode
 
 
 def _encoder_only(layer: Any) -> bool:

@@ -58,6 +58,17 @@ def check_page_tables(bench, calls):
     assert not torch.equal(full.page_table[:, :4], swa.page_table[:, :4])  # the spaces really diverge
 
 
+def assert_fixed_routing(bench):
+    """With the fix in effect: DRAFT_EXTEND_V2 (ragged or uniform) runs the context kernel on
+    the metadata the backend built; TARGET_VERIFY and EXTEND are untouched."""
+    ragged = record(bench, "DRAFT_EXTEND_V2", [1, 3])
+    assert_context(ragged, [0, 1, 4], [5, 9])
+    check_page_tables(bench, ragged)
+    assert_context(record(bench, "DRAFT_EXTEND_V2", [NUM_DRAFT] * 2), [0, 3, 6], [7, 9])
+    assert_decode(record(bench, "TARGET_VERIFY", [NUM_DRAFT] * 2), NUM_DRAFT, [7, 9])
+    assert_context(record(bench, "EXTEND", [3, 2]), [0, 3, 5], [7, 8])
+
+
 def assert_context(calls, cu_seqlens_q, seq_lens):
     assert [c.kernel for c in calls] == ["context"] * len(calls)
     for c in calls:
@@ -165,12 +176,7 @@ def test_rebuilt_24566_is_detected_and_corrected(bench, tmp_path):
         assert FIX.reproduce()
         with temporarily_installed(FIX):
             assert target_marked_by(routing.TARGET) == FIX.name
-            ragged = record(bench, "DRAFT_EXTEND_V2", [1, 3])
-            assert_context(ragged, [0, 1, 4], [5, 9])
-            check_page_tables(bench, ragged)
-            assert_context(record(bench, "DRAFT_EXTEND_V2", [NUM_DRAFT] * 2), [0, 3, 6], [7, 9])
-            assert_decode(record(bench, "TARGET_VERIFY", [NUM_DRAFT] * 2), NUM_DRAFT, [7, 9])
-            assert_context(record(bench, "EXTEND", [3, 2]), [0, 3, 5], [7, 8])
+            assert_fixed_routing(bench)
             assert not FIX.reproduce()
         assert target_marked_by(routing.TARGET) is None
 
@@ -210,12 +216,7 @@ def test_installed_fix_runs_draft_extend_v2_on_the_context_kernel(bench):
     """The hook on this release's own forward_extend: DRAFT_EXTEND_V2 (ragged or uniform) runs
     the context kernel on the metadata the backend built; the other modes are untouched."""
     with temporarily_installed(FIX):
-        ragged = record(bench, "DRAFT_EXTEND_V2", [1, 3])
-        assert_context(ragged, [0, 1, 4], [5, 9])
-        check_page_tables(bench, ragged)
-        assert_context(record(bench, "DRAFT_EXTEND_V2", [NUM_DRAFT] * 2), [0, 3, 6], [7, 9])
-        assert_decode(record(bench, "TARGET_VERIFY", [NUM_DRAFT] * 2), NUM_DRAFT, [7, 9])
-        assert_context(record(bench, "EXTEND", [3, 2]), [0, 3, 5], [7, 8])
+        assert_fixed_routing(bench)
 
 
 # ------------------------------------------------------------------ the hook itself

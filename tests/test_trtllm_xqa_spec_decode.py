@@ -115,11 +115,27 @@ def test_mask_is_causal_within_the_draft(q_len):
 
 def test_masks_handed_out_stay_alive():
     """A CUDA graph captured with one mask reads it at every replay: growing must not free it."""
-    masks = xqa._Masks()
-    small = masks.get(3, 2, torch.device("cpu"))
-    big = masks.get(3, 9, torch.device("cpu"))
-    assert big.shape[0] == 9 and masks.get(3, 4, torch.device("cpu")).data_ptr() == big.data_ptr()
-    assert any(m.data_ptr() == small.data_ptr() for m in masks.kept)
+    state = xqa._XqaState()
+    small = state.mask(3, 2, torch.device("cpu"))
+    big = state.mask(3, 9, torch.device("cpu"))
+    assert big.shape[0] == 9 and state.mask(3, 4, torch.device("cpu")).data_ptr() == big.data_ptr()
+    assert any(m.data_ptr() == small.data_ptr() for m in state.kept)
+
+
+def test_single_token_rows_are_built_once_per_batch():
+    """All sliding-window layers of one batch share seq_lens and the SWA page table: the rows
+    are built for the first and reused; a new batch builds them again."""
+    state = xqa._XqaState()
+    seq_lens, table = torch.tensor([5, 9], dtype=torch.int32), torch.arange(20, dtype=torch.int32).view(2, 10)
+    state.begin(batch := object())
+    rows = state.single_token_rows(seq_lens, table, 3)
+    assert rows[0].tolist() == [3, 4, 5, 7, 8, 9] and torch.equal(rows[1], table.repeat_interleave(3, dim=0))
+    again = state.single_token_rows(seq_lens, table, 3)
+    assert again[0] is rows[0] and again[1] is rows[1]
+    state.begin(batch)
+    assert state.single_token_rows(seq_lens, table, 3)[0] is rows[0]
+    state.begin(object())
+    assert state.single_token_rows(seq_lens, table, 3)[0] is not rows[0]
 
 
 def test_the_check_command_runs_the_scenario():

@@ -174,6 +174,13 @@ def compare(a: list, b: list) -> dict:
     return {"identical_requests": same, "of": len(a), "first_divergence_per_request": first_diff}
 
 
+def eagle3(draft: str, topk: int, steps: int = 3, draft_tokens: int = 4) -> list:
+    """Server arguments for the tiny dummy-weight EAGLE3 draft."""
+    return ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
+            "--speculative-draft-load-format", "dummy", "--speculative-eagle-topk", str(topk),
+            "--speculative-num-steps", str(steps), "--speculative-num-draft-tokens", str(draft_tokens)]
+
+
 BASE = ["--skip-tokenizer-init", "--disable-cuda-graph",
         "--disable-piecewise-cuda-graph", "--mem-fraction-static", "0.5", "--page-size", "1",
         "--max-total-tokens", "4096", "--swa-full-tokens-ratio", "0.1", "--random-seed", "0"]
@@ -182,8 +189,7 @@ BASE = ["--skip-tokenizer-init", "--disable-cuda-graph",
 def scenario_fa3_eagle3(out, target, draft):
     reqs = prompts(32, 60)
     common = BASE + ["--model-path", target, "--attention-backend", "fa3"]
-    spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
-            "--speculative-draft-load-format", "dummy", "--speculative-eagle-topk", "2", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
+    spec = eagle3(draft, topk=2)
     ref = run("fa3_ref_nospec", out, common, ON, reqs, 64)
     without = run("fa3_eagle3_without_plugin", out, common + spec, OFF, reqs, 64)
     with_ = run("fa3_eagle3_with_plugin", out, common + spec, ON, reqs, 64)
@@ -201,9 +207,7 @@ def scenario_fa3_seq(out, target, draft):
     correct by construction). With the plugin the outputs must be identical to it."""
     reqs = prompts(12, 60, seed=3)
     common = BASE + ["--model-path", target, "--attention-backend", "fa3"]
-    spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
-            "--speculative-draft-load-format", "dummy", "--speculative-eagle-topk", "2",
-            "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
+    spec = eagle3(draft, topk=2)
     nohyb = run("fa3seq_no_hybrid_swa", out, common + spec + ["--disable-hybrid-swa-memory"], ON, reqs, 96, concurrency=1)
     without = run("fa3seq_without_plugin", out, common + spec, OFF, reqs, 96, concurrency=1)
     with_ = run("fa3seq_with_plugin", out, common + spec, ON, reqs, 96, concurrency=1)
@@ -219,10 +223,8 @@ def scenario_fa3_control(out, target, draft):
     reference is what bf16 numerics alone produce."""
     reqs = prompts(32, 60)
     common = BASE + ["--model-path", target, "--attention-backend", "fa3"]
-    spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
-            "--speculative-draft-load-format", "dummy", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
-    nohyb = run("fa3_eagle3_no_hybrid_swa", out, common + spec + ["--speculative-eagle-topk", "2", "--disable-hybrid-swa-memory"], ON, reqs, 64)
-    topk1 = run("fa3_eagle3_topk1", out, common + spec + ["--speculative-eagle-topk", "1"], ON, reqs, 64)
+    nohyb = run("fa3_eagle3_no_hybrid_swa", out, common + eagle3(draft, topk=2) + ["--disable-hybrid-swa-memory"], ON, reqs, 64)
+    topk1 = run("fa3_eagle3_topk1", out, common + eagle3(draft, topk=1), ON, reqs, 64)
     return {"no_hybrid_swa": nohyb, "topk1": topk1, "topk1_vs_no_hybrid": compare(topk1.get("outputs") or [], nohyb.get("outputs") or [])}
 
 
@@ -230,8 +232,7 @@ def scenario_trtllm_eagle(out, target, draft):
     reqs = prompts(12, 60, seed=1)
     common = BASE + ["--model-path", target, "--decode-attention-backend", "trtllm_mha",
                      "--prefill-attention-backend", "fa3"]
-    spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
-            "--speculative-draft-load-format", "dummy", "--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
+    spec = eagle3(draft, topk=1)
     nohybrid = run("trtllm_eagle_no_hybrid_swa", out, common + spec + ["--disable-hybrid-swa-memory"], ON, reqs, 96, concurrency=1)
     without = run("trtllm_eagle_without_plugin", out, common + spec, OFF, reqs, 96, concurrency=1)
     with_ = run("trtllm_eagle_with_plugin", out, common + spec, ON, reqs, 96, concurrency=1)
@@ -250,9 +251,7 @@ def scenario_xqa_verify(out, target, draft):
     kv = os.environ.get("XQA_KV", "auto")
     common = BASE + ["--model-path", target, "--decode-attention-backend", "trtllm_mha",
                      "--prefill-attention-backend", "fa3", "--kv-cache-dtype", kv]
-    spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
-            "--speculative-draft-load-format", "dummy", "--speculative-eagle-topk", "1", "--speculative-num-steps", "3",
-            "--speculative-num-draft-tokens", "4", "--speculative-attention-mode", "decode"]
+    spec = eagle3(draft, topk=1) + ["--speculative-attention-mode", "decode"]
     if os.environ.get("XQA_CUDA_GRAPH") == "1":
         common = [a for a in common if a != "--disable-cuda-graph"]
     fix_off = {**ON, "SGLANG_SWA_PLUGIN_FIXES": "-trtllm_xqa_spec_decode"}

@@ -187,9 +187,9 @@ def run_case(name: str, args) -> dict:
               "q_len_per_req": q_len, "mask": with_mask, "out_dtype": str(call["out_dtype"])}
     kernel = flashinfer.decode.trtllm_batch_decode_with_kv_cache
     if name in PLUGIN_CASES:
-        from sglang_swa_plugin.hooks.trtllm_xqa_spec_decode import _Masks, _masking_flashinfer
+        from sglang_swa_plugin.hooks.trtllm_xqa_spec_decode import _XqaState, _masking_flashinfer
 
-        kernel = _masking_flashinfer(flashinfer, _Masks()).decode.trtllm_batch_decode_with_kv_cache
+        kernel = _masking_flashinfer(flashinfer, _XqaState()).decode.trtllm_batch_decode_with_kv_cache
     t0 = time.time()
     try:
         out = kernel(**call)

@@ -169,14 +169,12 @@ def test_seed_002_server_named_error_instead_of_illegal_memory_access(models, tm
     out = OUT or str(tmp_path)
     reqs = e2e.prompts(32, 60)
     common = e2e.BASE + ["--model-path", target, "--attention-backend", "fa3"]
-    spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
-            "--speculative-draft-load-format", "dummy",
-            "--speculative-eagle-topk", "2", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
+    spec = e2e.eagle3(draft, topk=2)
     guarded = e2e.run("guard_fa3_eagle3_all_fixes", out, common + spec, {**e2e.ON, **GUARD}, reqs, 64)
     result = {"all_fixes": {k: guarded.get(k) for k in ("crash", "errors", "error", "completion_tokens")}}
     if _fa3_spec_fix_needed():
         env = {**e2e.ON, **GUARD, "SGLANG_SWA_PLUGIN_FIXES": "-fa3_spec_translate"}
-        bug = e2e.run("guard_fa3_eagle3_without_fa3_fix", out, common + spec, env, reqs, 64)
+        e2e.run("guard_fa3_eagle3_without_fa3_fix", out, common + spec, env, reqs, 64)
         log = open(os.path.join(out, "guard_fa3_eagle3_without_fa3_fix.log"), errors="replace").read()
         result["without_fa3_fix"] = {
             "guard_message": [l for l in log.splitlines() if "Assertion" in l and "swa_index_guard:" in l][:3],

@@ -62,9 +62,9 @@ def main():
             res["per_row_err_by_row"] = [round(((out - r).view(bs, n, nq, d)[:, i].abs().max()).item(), 4) for i in range(n)]
     # The plugin's trtllm_xqa_spec_decode view, given the release's arguments (no mask).
     try:
-        from sglang_swa_plugin.hooks.trtllm_xqa_spec_decode import _Masks, _masking_flashinfer
+        from sglang_swa_plugin.hooks.trtllm_xqa_spec_decode import _XqaState, _masking_flashinfer
 
-        view = _masking_flashinfer(flashinfer, _Masks())
+        view = _masking_flashinfer(flashinfer, _XqaState())
         out = view.decode.trtllm_batch_decode_with_kv_cache(
             query=q, kv_cache=(kc, vc), workspace_buffer=ws, block_tables=bt, seq_lens=sl, max_seq_len=4096,
             bmm1_scale=d ** -0.5, bmm2_scale=1.0, window_left=W, sinks=None, out_dtype=torch.bfloat16,

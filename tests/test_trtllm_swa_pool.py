@@ -334,6 +334,52 @@ def test_stock_allocator_form_gives_the_eagle_draft_the_wrong_pool():
         assert not torch.equal(tb.translate(w.swa_pool, loc), loc)
 
 
+def _mtp_world():
+    """A MiMo-V2 / Step3.5 MTP draft: the target's layer 0 is full attention; the draft's one
+    layer (id 0) slides and lives in the draft's own SWAKVPool, which takes the shared
+    allocator's full->SWA mapping (as ``ModelRunner`` does for a hybrid draft worker)."""
+    target_pool = tb.make_swa_pool(swa_layers=(1, 3), full_layers=(0, 2))
+    allocator = tb.make_swa_allocator(target_pool)
+    tb.diverge(allocator)
+    draft_pool = tb.make_swa_pool(swa_layers=(0,), full_layers=())
+    draft_pool.full_to_swa_index_mapping = allocator.full_to_swa_index_mapping
+    req_to_token = tb.make_req_to_token_pool()
+    target = tb.make_model_runner(kv_pool=target_pool, allocator=allocator, req_to_token_pool=req_to_token,
+                                  spec_algorithm="EAGLE")
+    draft = tb.make_model_runner(kv_pool=draft_pool, allocator=allocator, req_to_token_pool=req_to_token,
+                                 is_draft_worker=True, spec_algorithm="EAGLE", server_args=target.server_args)
+    tokens = tb.alloc_tokens(allocator, 6)
+    rows, lens = tb.fill_requests(req_to_token, [tokens[:3].tolist(), tokens[3:].tolist()])
+    fb = tb.make_forward_batch(draft, "decode", req_pool_indices=rows, seq_lens=lens, out_cache_loc=tokens[[2, 5]])
+    full_rows = torch.stack([tokens[:3], tokens[3:]])
+    return SimpleNamespace(target_pool=target_pool, draft_pool=draft_pool, draft=draft, fb=fb,
+                           loc=tokens[[2, 5]], full_rows=full_rows, swa_rows=tb.translate(draft_pool, full_rows))
+
+
+@pytest.mark.parametrize("sglang_code", ["with_fix", "stock"])
+def test_mtp_draft_with_its_own_swa_pool(sglang_code):
+    """A hybrid MTP draft (MiMo-V2 multi-layer EAGLE with --speculative-attention-mode
+    decode builds one trtllm_mha backend per MTP runner) must resolve its own SWA pool, so
+    its sliding layer gets SWA-space cache locations and page table and reads its own SWA
+    buffer. The allocator's pool is the target's, whose layer 0 is full attention: stock
+    0.5.10-0.5.12 resolve that one and hand the draft's sliding layer full-pool indices."""
+    if sglang_code == "stock" and (HAS_RESOLVER or not NEEDED):
+        pytest.skip(f"fixed upstream in this sglang ({DETECTION.reason})")
+    w = _mtp_world()
+    assert not torch.equal(w.swa_rows, w.full_rows), "index spaces must diverge for this test to mean anything"
+    with (fix_applied() if sglang_code == "with_fix" else stock_sglang()):
+        backend = tb.build_backend_via_registry(w.draft, "trtllm_mha")
+    cache_loc, page_table, k_buffer = handed_to_kernel(backend, w.fb, _layer(0))
+    if sglang_code == "with_fix":
+        assert backend._swa_kv_pool is w.draft_pool
+        assert torch.equal(cache_loc, tb.translate(w.draft_pool, w.loc))
+        assert torch.equal(page_table, w.swa_rows // w.draft_pool.page_size)
+        assert _storage(k_buffer) == _storage(w.draft_pool.get_key_buffer(0))
+    else:  # the bug: the target's pool, whose layer 0 is full: no translation at all
+        assert backend._swa_kv_pool is w.target_pool
+        assert torch.equal(cache_loc, w.loc) and torch.equal(page_table, w.full_rows)
+
+
 # ---------------------------------------------------------------------------- buggy forms from main
 
 

@@ -9,12 +9,16 @@ Scenarios:
   fa3_eagle3   seed 002: FA3 + EAGLE3 tree decoding (topk 2) on a small SWA pool. Greedy
                output with speculative decoding must equal the same server's output with
                it off. Runs: reference (no spec), spec without plugin, spec with plugin.
-  trtllm_eagle seed 001: trtllm_mha decode (XQA on Hopper) + fa3 prefill, EAGLE3 draft
-               (topk 1). With the plugin, the accept length and outputs equal those of the
-               same run with --disable-hybrid-swa-memory; without it they differ.
+  trtllm_eagle trtllm_mha decode (XQA on Hopper) + fa3 prefill, dummy-weight EAGLE3 draft
+               (topk 1): serves; a draft rejected at every step cannot show seed 001's
+               accept-length drop (trtllm_eagle_accept does).
   xqa_verify   trtllm_mha decode (XQA) with --speculative-attention-mode decode: TARGET_VERIFY
                through the XQA decode kernel, without and with trtllm_xqa_spec_decode, and
                the output compared with the same server without speculative decoding.
+  trtllm_eagle_accept
+               seed 001 with a draft the target accepts (make_eagle_pair): trtllm_mha decode
+               + fa3 prefill, EAGLE topk 1; draft proposals and accept length against
+               --disable-hybrid-swa-memory, without and with the plugin.
   cost         decode throughput for COST_SETTINGS (plugin on / off / on with the guard),
                alternating, warm servers, several repetitions.
 Each scenario writes DIR/<scenario>.json and the server logs DIR/<run>.log.
@@ -39,12 +43,12 @@ OFF = {"SGLANG_PLUGINS": "plugin_that_does_not_exist"}  # sglang's allow-list: o
 ON = {"SGLANG_PLUGINS": "swa_plugin"}
 
 
-def make_models(root: str) -> tuple:
+def make_models(root: str, vocab: int = 2048) -> tuple:
     from transformers import GptOssConfig, LlamaConfig
 
     target = os.path.join(root, "target")
     cfg = GptOssConfig(
-        vocab_size=2048, hidden_size=256, intermediate_size=256, num_hidden_layers=4,
+        vocab_size=vocab, hidden_size=256, intermediate_size=256, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_local_experts=4,
         num_experts_per_tok=2, sliding_window=16, max_position_embeddings=4096,
         layer_types=["sliding_attention", "full_attention"] * 2, tie_word_embeddings=False,
@@ -62,16 +66,86 @@ def make_models(root: str) -> tuple:
     GptOssForCausalLM(cfg).to(torch.bfloat16).save_pretrained(target, safe_serialization=True)
     draft = os.path.join(root, "draft")
     d = LlamaConfig(
-        vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+        vocab_size=vocab, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
         num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
         tie_word_embeddings=False,
     )
     d.architectures = ["LlamaForCausalLMEagle3"]
     d.torch_dtype = "bfloat16"
-    d.draft_vocab_size = 2048
+    d.draft_vocab_size = vocab
     d.target_hidden_size = 256
     d.eagle_config = {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}
     d.save_pretrained(draft)
+    return target, draft
+
+
+def make_eagle_pair(root: str) -> tuple:
+    """A GPT-OSS-style target and an EAGLE (``LlamaForCausalLMEagle``) draft whose weights
+    make the draft compute the target's own next-token function, so that a draft reading
+    the right KV is accepted at nearly every step:
+    - target: 4 layers sliding/full/sliding/full; only layer 1 (full attention) adds to
+      the residual (every other o_proj, every expert's down projection and all biases are
+      zero, sinks -30 so they take no weight); embeddings are +-1, so the RMS norm before
+      layer 1 is the identity in bf16; logits = lm_head(norm(E + A1)).
+    - draft: ``fc`` = [I | 0] passes the token embedding through (the target's hidden
+      state is ignored), its one layer (layer id 0, whose input norm EAGLE skips) is a copy
+      of the target's layer-1 attention with the same RoPE, its MLP adds zero; it returns
+      E + A, and argmax(lm_head(x)) = argmax(lm_head(norm(x))).
+    The draft's layer id 0 is a sliding layer of the target: that is what seed 001 mixes up.
+    Returns (target dir, draft dir)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import GptOssConfig, GptOssForCausalLM, LlamaConfig
+
+    H, V, FF = 256, 2048, 512
+    cfg = GptOssConfig(
+        vocab_size=V, hidden_size=H, intermediate_size=256, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_local_experts=4,
+        num_experts_per_tok=2, sliding_window=16, max_position_embeddings=4096,
+        layer_types=["sliding_attention", "full_attention"] * 2, tie_word_embeddings=False,
+        swiglu_limit=7.0, hidden_act="silu", initializer_range=0.1,
+    )
+    cfg.architectures = ["GptOssForCausalLM"]
+    cfg.torch_dtype = "bfloat16"
+    torch.manual_seed(1)
+    model = GptOssForCausalLM(cfg).to(torch.bfloat16)
+    sd = model.state_dict()
+    with torch.no_grad():
+        sd["model.embed_tokens.weight"].copy_(torch.randint(0, 2, (V, H)) * 2 - 1)
+        sd["model.norm.weight"].fill_(1)
+        for i in range(4):
+            p = f"model.layers.{i}."
+            for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                sd[p + f"self_attn.{n}.bias"].zero_()
+            sd[p + "self_attn.sinks"].fill_(-30.0)
+            sd[p + "mlp.experts.down_proj"].zero_()
+            sd[p + "mlp.experts.down_proj_bias"].zero_()
+            sd[p + "input_layernorm.weight"].fill_(1)
+            sd[p + "post_attention_layernorm.weight"].fill_(1)
+            if i != 1:
+                sd[p + "self_attn.o_proj.weight"].zero_()
+    target = os.path.join(root, "target_eagle")
+    model.save_pretrained(target, safe_serialization=True)
+
+    draft = os.path.join(root, "draft_eagle")
+    d = LlamaConfig(
+        vocab_size=V, hidden_size=H, intermediate_size=FF, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, rms_norm_eps=cfg.rms_norm_eps,
+        tie_word_embeddings=False, rope_parameters=dict(cfg.rope_parameters),
+    )
+    d.architectures = ["LlamaForCausalLMEagle"]
+    d.torch_dtype = "bfloat16"
+    d.save_pretrained(draft)
+    bf = lambda t: t.detach().to(torch.bfloat16).contiguous()
+    w = {"embed_tokens.weight": bf(sd["model.embed_tokens.weight"]), "lm_head.weight": bf(sd["lm_head.weight"]),
+         "fc.weight": bf(torch.cat([torch.eye(H), torch.zeros(H, H)], dim=1)), "fc.bias": bf(torch.zeros(H)),
+         "layers.0.mlp.gate_proj.weight": bf(torch.randn(FF, H) * 0.1),
+         "layers.0.mlp.up_proj.weight": bf(torch.randn(FF, H) * 0.1),
+         "layers.0.mlp.down_proj.weight": bf(torch.zeros(H, FF)),
+         "layers.0.post_attention_layernorm.weight": bf(torch.ones(H))}
+    for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        w[f"layers.0.self_attn.{n}.weight"] = bf(sd[f"model.layers.1.self_attn.{n}.weight"])
+    save_file(w, os.path.join(draft, "model.safetensors"))
     return target, draft
 
 
@@ -241,6 +315,68 @@ def scenario_trtllm_eagle(out, target, draft):
             "with_vs_no_hybrid": compare(with_.get("outputs") or [], nohybrid.get("outputs") or [])}
 
 
+RECORDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spec_recorder")
+
+
+def recorded(env: dict, out: str, name: str) -> dict:
+    """``env`` plus the test-side recorder of the draft tokens each verify step checks."""
+    path = os.path.join(out, f"{name}.proposals.jsonl")
+    if os.path.exists(path):
+        os.remove(path)
+    return {**env, "SWA_E2E_RECORD": path,
+            "PYTHONPATH": os.pathsep.join(filter(None, [RECORDER, os.environ.get("PYTHONPATH")]))}
+
+
+def proposals(out: str, name: str) -> tuple:
+    """(draft tokens of every verified request-step, how many of those steps read a request
+    whose SWA-pool and full-pool indices differ somewhere)."""
+    path = os.path.join(out, f"{name}.proposals.jsonl")
+    lines = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+    tokens = [req for rec in lines for req in rec["tokens"]]
+    differs = [d for rec in lines if isinstance(rec["swa_index_differs"], list) for d in rec["swa_index_differs"]]
+    return tokens, sum(1 for d in differs if d)
+
+
+def compare_proposals(a: list, b: list) -> dict:
+    n = min(len(a), len(b))
+    return {"verify_steps": [len(a), len(b)], "identical_steps": sum(1 for x, y in zip(a, b) if x == y),
+            "first_different_step": next((i for i in range(n) if a[i] != b[i]), None)}
+
+
+def scenario_trtllm_eagle_accept(out, _target, _draft):
+    """seed 001 with a draft whose proposals the target accepts (make_eagle_pair): trtllm_mha
+    decode (XQA on Hopper) + fa3 prefill, EAGLE topk 1, 3 steps. The EAGLE draft owns a
+    full-only pool; without the fix its trtllm_mha backends resolve the target's SWA pool
+    through the shared allocator and, its layer 0 being a sliding layer there, push the
+    draft's full-pool indices through the full->SWA mapping in the draft decode steps
+    (proposals 2 and 3; the first comes from the fa3 draft extend). Recorded: every verify
+    step's draft tokens and the accept length; with the fix both must equal those of the
+    same run with --disable-hybrid-swa-memory. One request at a time; prompts of 200 tokens
+    (page size 64 for trtllm_mha: 5 pages a request, 6 in the SWA pool), so that each request
+    makes the SWA radix cache evict the previous one's SWA pages while its full pages stay
+    cached: the two index spaces drift apart from the second request on (recorded per step).
+    With 60-token prompts they never did, and the bug had nothing to show."""
+    target, draft = make_eagle_pair(tempfile.mkdtemp(prefix="swa_eagle_"))
+    reqs = prompts(12, 200, seed=1)
+    common = BASE + ["--model-path", target, "--decode-attention-backend", "trtllm_mha",
+                     "--prefill-attention-backend", "fa3",
+                     "--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", draft,
+                     "--speculative-eagle-topk", "1", "--speculative-num-steps", "3",
+                     "--speculative-num-draft-tokens", "4"]
+    runs = {"no_hybrid_swa": (["--disable-hybrid-swa-memory"], ON), "without_plugin": ([], OFF), "with_plugin": ([], ON)}
+    res = {}
+    for key, (extra, env) in runs.items():
+        name = f"eagle_accept_{key}"
+        res[key] = run(name, out, common + extra, recorded(env, out, name), reqs, 96, concurrency=1)
+        res[key]["proposals"], res[key]["steps_with_index_spaces_apart"] = proposals(out, name)
+    ref = res["no_hybrid_swa"]
+    for key in ("without_plugin", "with_plugin"):
+        res[f"{key}_vs_no_hybrid"] = compare(res[key].get("outputs") or [], ref.get("outputs") or [])
+        res[f"{key}_proposals_vs_no_hybrid"] = compare_proposals(res[key]["proposals"], ref["proposals"])
+    res["reference_distinct_outputs"] = len({tuple(o) for o in ref.get("outputs") or [] if o})
+    return res
+
+
 def scenario_xqa_verify(out, target, draft):
     """trtllm_mha decode on Hopper (XQA) with ``--speculative-attention-mode decode``: TARGET_VERIFY
     runs the XQA decode kernel with 4 query tokens per request (trtllm_xqa_spec_decode).
@@ -295,7 +431,7 @@ def scenario_cost(out, target, _draft, reps: int = int(os.environ.get("COST_REPS
     return res
 
 
-SCENARIOS = {"xqa_verify": scenario_xqa_verify, "fa3_seq": scenario_fa3_seq, "fa3_eagle3": scenario_fa3_eagle3, "fa3_control": scenario_fa3_control, "trtllm_eagle": scenario_trtllm_eagle, "cost": scenario_cost}
+SCENARIOS = {"trtllm_eagle_accept": scenario_trtllm_eagle_accept, "xqa_verify": scenario_xqa_verify, "fa3_seq": scenario_fa3_seq, "fa3_eagle3": scenario_fa3_eagle3, "fa3_control": scenario_fa3_control, "trtllm_eagle": scenario_trtllm_eagle, "cost": scenario_cost}
 
 
 def main():
@@ -318,11 +454,13 @@ def main():
             json.dump(res, f, indent=1)
         summary = {}
         for k, v in res.items():
-            if isinstance(v, dict) and "identical_requests" in v:
+            if isinstance(v, dict) and "identical_steps" in v:
+                summary[k] = v
+            elif isinstance(v, dict) and "identical_requests" in v:
                 summary[k] = f"{v['identical_requests']}/{v['of']} requests identical"
             elif isinstance(v, dict) and "name" in v:
                 summary[k] = {x: v.get(x) for x in ("accept_length", "crash", "error", "startup_s", "errors",
-                                                    "assertions", "round_tok_per_s")}
+                                                    "assertions", "round_tok_per_s", "steps_with_index_spaces_apart")}
                 summary[k]["plugin_log"] = [l[-160:] for l in v.get("plugin_log", [])[:6]]
             elif not isinstance(v, (dict, list)):
                 summary[k] = v

@@ -4,8 +4,8 @@
 # here into the payload's site dir (sglang then finds it through its entry point), and runs
 # the named steps. Output goes to $OUT.
 #   bash tests/gpu/run_on_device.sh STEP [STEP ...]
-# Steps: unpack | smoke | xqa_verify | fa3_seq | fa3_eagle3 | fa3_control | trtllm_eagle | cost | fp8 | fp8w |
-#        guard_kernel | guard_server | gpu_tests
+# Steps: unpack | unpack12 | smoke | trtllm_eagle_accept | xqa_verify | fa3_seq | fa3_eagle3 | fa3_control | trtllm_eagle | cost | fp8 | fp8w |
+#        guard_kernel | guard_server | gpu_tests | bench_decode | bench_fix_step
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -17,11 +17,15 @@ for step in "$@"; do
       python3 -m pip install -q --no-index --no-deps --upgrade --target /root/site .gpu-payload/plugin/*.whl
       [ -d .gpu-payload/fi ] && python3 -m pip install -q --no-index --no-deps --upgrade --target /root/fi .gpu-payload/fi/*.whl
       ls /root/site | grep -i -E "swa|sglang-|sglang_swa" ;;
+    unpack12)  # a second release beside the first: .gpu-payload12/unpack.sh unpacks into /root/site12
+      bash .gpu-payload12/unpack.sh .gpu-payload12 true
+      python3 -m pip install -q --no-index --no-deps --upgrade --target /root/site12 .gpu-payload/plugin/*.whl
+      PYTHONPATH=/root/site12 python3 -c "from importlib.metadata import version as v; print('site12: sglang', v('sglang'), 'plugin', v('sglang-swa-plugin'))" ;;
     smoke)
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
       PYTHONPATH=/root/site python3 -c "import sglang, sgl_kernel, flashinfer, torch; from importlib.metadata import version as v; print('sglang', v('sglang'), 'flashinfer', v('flashinfer-python'), 'torch', torch.__version__, torch.cuda.get_device_name())"
       (cd /tmp && PYTHONPATH=/root/site python3 -m sglang_swa_plugin.cli doctor) ;;
-    xqa_verify|fa3_seq|fa3_eagle3|fa3_control|trtllm_eagle|cost)
+    trtllm_eagle_accept|xqa_verify|fa3_seq|fa3_eagle3|fa3_control|trtllm_eagle|cost)
       PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-560} python3 tests/gpu/e2e_server.py $step --out "$OUT" ;;
     fp8)
       PYTHONPATH=/root/fi:/root/site timeout ${STEP_TIMEOUT:-400} python3 tests/gpu/fp8_xqa_probe.py --json "$OUT/fp8_xqa.json" ;;
@@ -32,6 +36,10 @@ for step in "$@"; do
       sel=$([ $step = guard_kernel ] && echo "not server and not throughput" || echo "seed_002_server")
       repo=$(pwd); (cd /tmp && OUT=$OUT PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-560} python3 -m pytest -q -rs -s -m gpu \
         "$repo/tests/gpu/test_swa_index_guard_gpu.py" -k "$sel" -p no:cacheprovider 2>&1 | tee "$OUT/$step.log" | tail -40) ;;
+    bench_decode)
+      PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-560} python3 tests/benchmarks/bench_decode_gpu.py ${PAIRS:-3} --out "$OUT" 2>&1 | tail -12 ;;
+    bench_fix_step)  # SITE=/root/site12 runs it on another unpacked release
+      PYTHONPATH=${SITE:-/root/site} timeout ${STEP_TIMEOUT:-400} python3 tests/benchmarks/bench_fix_step_gpu.py ${ITERS:-300} 2>&1 | tail -5 ;;
     gpu_tests)
       repo=$(pwd); (cd /tmp && PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-400} python3 -m pytest -q -rs -m gpu "$repo/tests/gpu" -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log") ;;
   esac

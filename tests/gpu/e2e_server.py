@@ -43,10 +43,11 @@ OFF = {"SGLANG_PLUGINS": "plugin_that_does_not_exist"}  # sglang's allow-list: o
 ON = {"SGLANG_PLUGINS": "swa_plugin"}
 
 
-def make_models(root: str, vocab: int = 2048) -> tuple:
-    from transformers import GptOssConfig, LlamaConfig
+def gpt_oss_config(vocab: int):
+    """The tiny GPT-OSS-style hybrid model: 4 layers sliding/full/sliding/full, window 16,
+    4 experts, hidden 256, init std 0.1."""
+    from transformers import GptOssConfig
 
-    target = os.path.join(root, "target")
     cfg = GptOssConfig(
         vocab_size=vocab, hidden_size=256, intermediate_size=256, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_local_experts=4,
@@ -56,6 +57,14 @@ def make_models(root: str, vocab: int = 2048) -> tuple:
     )
     cfg.architectures = ["GptOssForCausalLM"]
     cfg.torch_dtype = "bfloat16"
+    return cfg
+
+
+def make_models(root: str, vocab: int = 2048) -> tuple:
+    from transformers import LlamaConfig
+
+    target = os.path.join(root, "target")
+    cfg = gpt_oss_config(vocab)
     # Random weights with a large init range, saved as a real checkpoint: sglang's dummy
     # weights (uniform +-1e-3) make attention almost uniform, so reading the wrong KV slots
     # would hardly change the output and equality would prove nothing.
@@ -95,18 +104,10 @@ def make_eagle_pair(root: str) -> tuple:
     Returns (target dir, draft dir)."""
     import torch
     from safetensors.torch import save_file
-    from transformers import GptOssConfig, GptOssForCausalLM, LlamaConfig
+    from transformers import GptOssForCausalLM, LlamaConfig
 
     H, V, FF = 256, 2048, 512
-    cfg = GptOssConfig(
-        vocab_size=V, hidden_size=H, intermediate_size=256, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_local_experts=4,
-        num_experts_per_tok=2, sliding_window=16, max_position_embeddings=4096,
-        layer_types=["sliding_attention", "full_attention"] * 2, tie_word_embeddings=False,
-        swiglu_limit=7.0, hidden_act="silu", initializer_range=0.1,
-    )
-    cfg.architectures = ["GptOssForCausalLM"]
-    cfg.torch_dtype = "bfloat16"
+    cfg = gpt_oss_config(V)
     torch.manual_seed(1)
     model = GptOssForCausalLM(cfg).to(torch.bfloat16)
     sd = model.state_dict()

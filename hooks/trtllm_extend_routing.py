@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import inspect
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -111,15 +112,10 @@ def _syntax(fn: Any) -> ast.FunctionDef:
     return function_tree(fn)[0]
 
 
+@functools.lru_cache(maxsize=64)
 def _nodes(tree: ast.AST) -> List[ast.AST]:
     """``ast.walk(tree)`` as a list, computed once per (cached) tree."""
-    got = _NODES.get(id(tree))
-    if got is None or got[0] is not tree:
-        got = _NODES[id(tree)] = (tree, list(ast.walk(tree)))
-    return got[1]
-
-
-_NODES: dict = {}
+    return list(ast.walk(tree))
 
 
 def _callee(call: ast.Call) -> Optional[str]:

@@ -74,18 +74,22 @@ def plugin_log_lines(proc: subprocess.CompletedProcess) -> list:
 
 
 @contextlib.contextmanager
-def without_fix(cls, attr: str, fix_name: str):
-    """``cls.attr`` as sglang defines it for the block, whatever installed ``fix_name`` on it
-    in this process (on sglang without a plugin framework the start-up hook installs the
-    needed fixes for good when sglang's model runner is imported)."""
+def without_fix(cls, attr: str, fix_name: str = None):
+    """``cls.attr`` as sglang defines it for the block, whatever installed ``fix_name`` (None:
+    any fix of ours) on it in this process (on sglang without a plugin framework the start-up
+    hook installs the needed fixes for good when sglang's model runner is imported)."""
     from sglang_swa_plugin.patching import marked_by
     from sglang_swa_plugin.probe import swapped
 
-    fn = cls.__dict__[attr]
-    if marked_by(fn) != fix_name:
+    def ours(f):
+        mark = marked_by(f)
+        return mark is not None if fix_name is None else mark == fix_name
+
+    fn = original = cls.__dict__[attr]
+    while ours(fn) and getattr(fn, "__wrapped__", None) is not None:
+        fn = fn.__wrapped__
+    if fn is original:
         yield
         return
-    while marked_by(fn) == fix_name and hasattr(fn, "__wrapped__"):
-        fn = fn.__wrapped__
     with swapped(cls, attr, fn):
         yield

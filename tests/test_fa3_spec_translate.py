@@ -33,6 +33,8 @@ from sglang_swa_plugin.hooks import fa3_spec_translate as fa3
 from sglang_swa_plugin.patching import DirectHooks
 from sglang_swa_plugin.probe import swapped
 
+from helpers import without_fix
+
 FIX = fa3.FIX
 MOD = importlib.import_module(fa3.MODULE)
 BACKEND = MOD.FlashAttentionBackend
@@ -61,14 +63,9 @@ def plugin():
         yield rec
 
 
-@contextlib.contextmanager
 def sglang_alone():
     """sglang's own method in effect, whatever this process installed on it."""
-    method = BACKEND.__dict__[fa3.METHOD]
-    while fa3._is_our_wrapper(method, FIX.name):
-        method = method.__wrapped__
-    with swapped(BACKEND, fa3.METHOD, method):
-        yield
+    return without_fix(BACKEND, fa3.METHOD, FIX.name)
 
 
 def swa_spec_page_table(dst, a, b, seq_len_a, seq_len_b, num_draft_tokens):

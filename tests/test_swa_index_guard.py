@@ -27,14 +27,14 @@ import torch
 # runner module is imported, as in a server process: make that happen before anything else.
 import sglang.srt.model_executor.model_runner  # noqa: F401,E402
 
-from helpers import HAS_PLUGIN_FRAMEWORK, child_json, run_child
+from helpers import HAS_PLUGIN_FRAMEWORK, child_json, run_child, without_fix
 
 from sglang_swa_plugin import config
 from sglang_swa_plugin.core import APPLIED, DISABLED, PROBLEMS, decide, load_fixes, temporarily_installed
 from sglang_swa_plugin.fix import ScenarioUnavailable, Verdict
 from sglang_swa_plugin.hooks import fa3_spec_translate
 from sglang_swa_plugin.hooks import swa_index_guard as guard
-from sglang_swa_plugin.patching import DirectHooks, marked_by, target_marked_by
+from sglang_swa_plugin.patching import DirectHooks, target_marked_by
 from sglang_swa_plugin.probe import swapped
 
 FIX = guard.FIX
@@ -290,16 +290,10 @@ def swa_spec_page_table(dst, a, b, seq_len_a, seq_len_b, num_draft_tokens):
         dst[m, la:la + lb] = b[m, :lb]
 
 
-@contextlib.contextmanager
 def fa3_spec_method_alone():
     """sglang's own ``_init_sliding_window_attn_spec_metadata``, whatever this process
     installed on it (the start-up hook installs fa3_spec_translate on 0.5.10)."""
-    cls = FA3.FlashAttentionBackend
-    method = cls.__dict__[fa3_spec_translate.METHOD]
-    while marked_by(method) is not None and getattr(method, "__wrapped__", None) is not None:
-        method = method.__wrapped__
-    with swapped(cls, fa3_spec_translate.METHOD, method):
-        yield
+    return without_fix(FA3.FlashAttentionBackend, fa3_spec_translate.METHOD)
 
 
 def verify_swa_layer(other_fixes=()):

@@ -30,7 +30,7 @@ import sglang.srt.model_executor.model_runner  # noqa: F401,E402
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-from helpers import HAS_PLUGIN_FRAMEWORK, child_json, run_child
+from helpers import HAS_PLUGIN_FRAMEWORK, child_json, run_child, without_fix
 
 from sglang_swa_plugin import config, testbed as tb
 from sglang_swa_plugin.core import temporarily_installed
@@ -73,14 +73,9 @@ def fix_applied(needed: bool = NEEDED):
         yield
 
 
-@contextlib.contextmanager
 def stock_sglang():
     """sglang's own constructor for the block, whatever installed the fix in this process."""
-    init = Backend.__dict__["__init__"]
-    while marked_by(init) == FIX.name and hasattr(init, "__wrapped__"):
-        init = init.__wrapped__
-    with swapped(Backend, "__init__", init):
-        yield
+    return without_fix(Backend, "__init__", FIX.name)
 
 
 # ---------------------------------------------------------------------------- world

@@ -9,9 +9,6 @@ Scenarios:
   fa3_eagle3   seed 002: FA3 + EAGLE3 tree decoding (topk 2) on a small SWA pool. Greedy
                output with speculative decoding must equal the same server's output with
                it off. Runs: reference (no spec), spec without plugin, spec with plugin.
-  trtllm_eagle trtllm_mha decode (XQA on Hopper) + fa3 prefill, dummy-weight EAGLE3 draft
-               (topk 1): serves; a draft rejected at every step cannot show seed 001's
-               accept-length drop (trtllm_eagle_accept does).
   xqa_verify   trtllm_mha decode (XQA) with --speculative-attention-mode decode: TARGET_VERIFY
                through the XQA decode kernel, without and with trtllm_xqa_spec_decode, and
                the output compared with the same server without speculative decoding.
@@ -303,19 +300,6 @@ def scenario_fa3_control(out, target, draft):
     return {"no_hybrid_swa": nohyb, "topk1": topk1, "topk1_vs_no_hybrid": compare(topk1.get("outputs") or [], nohyb.get("outputs") or [])}
 
 
-def scenario_trtllm_eagle(out, target, draft):
-    reqs = prompts(12, 60, seed=1)
-    common = BASE + ["--model-path", target, "--decode-attention-backend", "trtllm_mha",
-                     "--prefill-attention-backend", "fa3"]
-    spec = eagle3(draft, topk=1)
-    nohybrid = run("trtllm_eagle_no_hybrid_swa", out, common + spec + ["--disable-hybrid-swa-memory"], ON, reqs, 96, concurrency=1)
-    without = run("trtllm_eagle_without_plugin", out, common + spec, OFF, reqs, 96, concurrency=1)
-    with_ = run("trtllm_eagle_with_plugin", out, common + spec, ON, reqs, 96, concurrency=1)
-    return {"no_hybrid_swa": nohybrid, "without_plugin": without, "with_plugin": with_,
-            "without_vs_no_hybrid": compare(without.get("outputs") or [], nohybrid.get("outputs") or []),
-            "with_vs_no_hybrid": compare(with_.get("outputs") or [], nohybrid.get("outputs") or [])}
-
-
 RECORDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spec_recorder")
 
 
@@ -432,7 +416,7 @@ def scenario_cost(out, target, _draft, reps: int = int(os.environ.get("COST_REPS
     return res
 
 
-SCENARIOS = {"trtllm_eagle_accept": scenario_trtllm_eagle_accept, "xqa_verify": scenario_xqa_verify, "fa3_seq": scenario_fa3_seq, "fa3_eagle3": scenario_fa3_eagle3, "fa3_control": scenario_fa3_control, "trtllm_eagle": scenario_trtllm_eagle, "cost": scenario_cost}
+SCENARIOS = {"trtllm_eagle_accept": scenario_trtllm_eagle_accept, "xqa_verify": scenario_xqa_verify, "fa3_seq": scenario_fa3_seq, "fa3_eagle3": scenario_fa3_eagle3, "fa3_control": scenario_fa3_control, "cost": scenario_cost}
 
 
 def main():

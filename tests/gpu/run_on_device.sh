@@ -4,7 +4,7 @@
 # here into the payload's site dir (sglang then finds it through its entry point), and runs
 # the named steps. Output goes to $OUT.
 #   bash tests/gpu/run_on_device.sh STEP [STEP ...]
-# Steps: unpack | unpack12 | smoke | trtllm_eagle_accept | xqa_verify | fa3_seq | fa3_eagle3 | fa3_control | trtllm_eagle | cost | fp8 | fp8w |
+# Steps: unpack | unpack12 | smoke | trtllm_eagle_accept | xqa_verify | fa3_seq | fa3_eagle3 | fa3_control | cost | fp8 | fp8w |
 #        guard_kernel | guard_server | gpu_tests | bench_decode | bench_fix_step
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -25,7 +25,7 @@ for step in "$@"; do
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
       PYTHONPATH=/root/site python3 -c "import sglang, sgl_kernel, flashinfer, torch; from importlib.metadata import version as v; print('sglang', v('sglang'), 'flashinfer', v('flashinfer-python'), 'torch', torch.__version__, torch.cuda.get_device_name())"
       (cd /tmp && PYTHONPATH=/root/site python3 -m sglang_swa_plugin.cli doctor) ;;
-    trtllm_eagle_accept|xqa_verify|fa3_seq|fa3_eagle3|fa3_control|trtllm_eagle|cost)
+    trtllm_eagle_accept|xqa_verify|fa3_seq|fa3_eagle3|fa3_control|cost)
       PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-560} python3 tests/gpu/e2e_server.py $step --out "$OUT" ;;
     fp8)
       PYTHONPATH=/root/fi:/root/site timeout ${STEP_TIMEOUT:-400} python3 tests/gpu/fp8_xqa_probe.py --json "$OUT/fp8_xqa.json" ;;

@@ -235,6 +235,7 @@ class KernelCall:
     page_table: Any  # block_tables as passed (a CPU tensor)
     mask: Any = None  # decode: the spec-decode mask passed (XQA), or None
     window_left: Optional[int] = None  # as passed (-1: full attention)
+    q_dense: bool = True  # the query's rows are laid out densely (XQA reads them so)
 
     def breaks_decode_contract(self) -> bool:
         """A decode call whose query rows are not ``len(seq_lens) * q_len_per_req``: the kernel
@@ -253,7 +254,8 @@ def kernel_recorders(calls: List[KernelCall], layer_ids: List[int]) -> SimpleNam
     def decode(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, *a,
                q_len_per_req=1, out=None, out_dtype=None, mask=None, **kw):
         calls.append(KernelCall("decode", layer_ids[-1], query.shape[0], query.dtype, q_len_per_req, None,
-                                seq_lens.tolist(), None, block_tables.clone(), mask, kw.get("window_left")))
+                                seq_lens.tolist(), None, block_tables.clone(), mask, kw.get("window_left"),
+                                query.is_contiguous()))
         return output(query, out, out_dtype)
 
     def context(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len,

@@ -26,8 +26,18 @@ Bug
     - for the call, the module's ``flashinfer`` name is a view of flashinfer whose decode
       entry point adds the causal mask when ``q_len_per_req > 1`` and none was given. The mask
       is 0.5.22's (row r of a request's draft attends to draft rows 0..r; uint16 words), kept
-      per backend and per query length, and never freed while a CUDA graph may point at it.
-    Host-side state only (forward mode, tensor shapes, ints): no device-to-host copy.
+      per backend and per query length, and never freed while a CUDA graph may point at it;
+    - the query goes to XQA dense: models hand over q as a view of their fused qkv
+      projection (rows strided by q+k+v), and XQA reads its rows as if dense (every
+      flashinfer measured, 0.6.8-0.7.2: relative error 0.68-1.30 for a strided query, 0.003
+      dense; on a real 0.5.11 server 0/32 bf16 outputs equal the no-spec ones without the
+      copy, 32/32 with it). An FP8 query was already a fresh tensor, so FP8 KV caches never
+      showed this.
+    Host-side decisions only (forward mode, tensor shapes, ints): no device-to-host copy.
+    Under CUDA graphs (sglang's default) every derived tensor is made inside the pass that
+    uses it: sglang runs a batch size's pass eagerly, then captures it on the same static
+    buffers, and replays it with no Python; rows derived in the eager run would be stale
+    at every replay (6b08c25 did that: wrong tokens from the first verify step).
 
     Sliding-window layers get no mask but one single-token request per draft row, on
     purpose. Measured on an H100 with flashinfer 0.6.12's real XQA kernel
@@ -50,7 +60,11 @@ Upstream PRs
 
 Affected versions
     0.5.10-0.5.20: TARGET_VERIFY through trtllm_mha on XQA (no mask). 0.5.14-0.5.21:
-    DRAFT_EXTEND_V2 through it (FP8 query with an FP8 KV cache; no mask). 0.5.22+: fixed.
+    DRAFT_EXTEND_V2 through it (FP8 query with an FP8 KV cache; no mask). 0.5.22+: mask and
+    query dtype fixed, and their flashinfer (0.7.1, 0.7.2) computes the windowed multi-token
+    call exactly (measured); but 0.5.22/0.5.23 still hand XQA ``q.reshape(...)`` of the
+    model's strided q, which XQA misreads (measured at kernel level with flashinfer 0.7.2,
+    not yet on a 0.5.22+ server: an open lead, not covered by this fix).
     Blackwell (sm100, trtllm-gen kernel) is not affected and the hook does nothing there.
 
 Detection
@@ -65,7 +79,8 @@ Detection
     and an FP8 KV dtype, kernels recorded).
 
 Delete when
-    0.5.22 (with a flashinfer that carries #4137) is the oldest supported sglang.
+    0.5.22 (with a flashinfer that carries #4137) is the oldest supported sglang, and the
+    strided-query lead above is settled upstream.
 """
 
 from __future__ import annotations
@@ -102,42 +117,63 @@ def spec_decode_mask(q_len: int, batch: int, device: Any = None) -> Any:
     return mask.unsqueeze(0).expand(batch, -1, -1).contiguous()
 
 
+def capturing() -> bool:
+    """True while the current CUDA stream is being captured into a graph (host-side query,
+    no sync); False on a machine without CUDA."""
+    import torch
+
+    try:
+        return bool(torch.cuda.is_current_stream_capturing())
+    except (RuntimeError, AssertionError, AttributeError):
+        return False
+
+
 class _XqaState:
-    """Per backend: the spec-decode masks, per query length, grown on demand (every mask ever
-    handed out stays referenced: a captured CUDA graph may read it at replay); and the
-    single-token rows of the current batch, built once per batch for all its
-    sliding-window layers (they share ``seq_lens`` and the SWA page table)."""
+    """Per backend: what the hook derives on the device, kept so that it is exact under CUDA
+    graphs (sglang captures a forward pass after running it eagerly on the same static
+    buffers, and at replay no Python runs):
+    - spec-decode masks per query length, grown on demand; a mask made eagerly is reused
+      anywhere (its values never change) and stays referenced for good (a captured graph
+      reads it at every replay); a mask made during a capture holds values only inside that
+      graph, so it is never handed out again;
+    - the single-token rows of the sliding-window layers, derived from ``seq_lens`` and the
+      SWA page table. They are reused only by a later layer of the same forward pass: a
+      layer id that does not grow starts a new pass (a warm-up run, then the capture, then
+      the next batch), as do other tensors or a change of capture state, so a captured pass
+      records its own derivation from the graph's static buffers and replays it."""
 
     def __init__(self) -> None:
         self.by_len: Dict[Tuple[int, Any], Any] = {}
         self.kept: List[Any] = []
-        self.batch: Any = None
-        self.rows: Any = None
+        self.layer_id: int = -1  # the layer the hook is running
+        self.rows: Any = None  # (layer id, seq_lens, block_tables, q_len, capturing, lens, table)
 
     def mask(self, q_len: int, batch: int, device: Any) -> Any:
         key = (q_len, device)
         mask = self.by_len.get(key)
-        if mask is None or mask.shape[0] < batch:
-            mask = spec_decode_mask(q_len, max(batch, 2 * (mask.shape[0] if mask is not None else 0)), device)
+        if mask is not None and mask.shape[0] >= batch:
+            return mask[:batch]
+        mask = spec_decode_mask(q_len, max(batch, 2 * (mask.shape[0] if mask is not None else 0)), device)
+        self.kept.append(mask)
+        if not capturing():
             self.by_len[key] = mask
-            self.kept.append(mask)
         return mask[:batch]
-
-    def begin(self, forward_batch: Any) -> None:
-        if forward_batch is not self.batch:
-            self.batch, self.rows = forward_batch, None
 
     def single_token_rows(self, seq_lens: Any, block_tables: Any, q_len: int) -> Tuple[Any, Any]:
         """Row r of a request with ``seq_lens`` S (after the draft's K/V) as a request of its
-        own: ``seq_lens`` S - q_len + 1 + r, the request's page-table row."""
+        own: ``seq_lens`` S - q_len + 1 + r (at least 1: padded graph rows), the request's
+        page-table row."""
         import torch
 
-        if self.rows is None or self.rows[0] is not seq_lens or self.rows[1] is not block_tables \
-                or self.rows[2] != q_len:
+        now, rows = capturing(), self.rows
+        if (rows is None or self.layer_id <= rows[0] or rows[1] is not seq_lens or rows[2] is not block_tables
+                or rows[3] != q_len or rows[4] != now):
             offsets = torch.arange(1 - q_len, 1, device=seq_lens.device, dtype=seq_lens.dtype)
-            self.rows = (seq_lens, block_tables, q_len, (seq_lens[:, None] + offsets[None, :]).reshape(-1),
-                         block_tables.repeat_interleave(q_len, dim=0))
-        return self.rows[3], self.rows[4]
+            lens = (seq_lens[:, None] + offsets[None, :]).reshape(-1).clamp_(min=1)
+            rows = (self.layer_id, seq_lens, block_tables, q_len, now, lens,
+                    block_tables.repeat_interleave(q_len, dim=0))
+        self.rows = (self.layer_id,) + rows[1:]
+        return rows[5], rows[6]
 
 
 class _Namespace:
@@ -170,7 +206,10 @@ def _masking_flashinfer(flashinfer: Any, state: _XqaState) -> _Namespace:
         if q_len > 1 and not args and {"query", "seq_lens", "block_tables"} <= kwargs.keys():
             query = kwargs["query"]
             if query.dtype == torch.float8_e4m3fn:
-                query = kwargs["query"] = query.to(kwargs.get("out_dtype") or torch.bfloat16)
+                query = query.to(kwargs.get("out_dtype") or torch.bfloat16)
+            # The model hands over q as a view of its fused qkv projection (rows strided by
+            # q+k+v); XQA's multi-token path reads rows as if dense (see Bug).
+            query = kwargs["query"] = query.contiguous()
             window = kwargs.get("window_left")
             if window is not None and window >= 0:
                 kwargs["seq_lens"], kwargs["block_tables"] = state.single_token_rows(
@@ -210,9 +249,9 @@ def _xqa_multi_token(v2_decode: bool) -> Callable:
         if view is None or view._module is not mod.flashinfer:  # tests swap flashinfer for recorders
             state = self.__dict__.setdefault("_swa_plugin_xqa_state", _XqaState())
             view = self._swa_plugin_xqa_flashinfer = _masking_flashinfer(mod.flashinfer, state)
-        self._swa_plugin_xqa_state.begin(forward_batch)
         q = args[0] if args else kwargs["q"]
         layer = args[3] if len(args) > 3 else kwargs["layer"]
+        self._swa_plugin_xqa_state.layer_id = layer.layer_id
         shown = mode
         if not verify and v2_decode and _uniform(q, forward_batch, self.forward_metadata) and not _encoder_only(layer):
             shown = type(mode).TARGET_VERIFY

@@ -93,3 +93,14 @@ def without_fix(cls, attr: str, fix_name: str = None):
         return
     with swapped(cls, attr, fn):
         yield
+
+
+def report_json(filename: str, name: str, data: dict) -> None:
+    """Print a GPU test's figures and, where ``OUT`` is set, merge them into ``$OUT/filename``."""
+    print(f"{name}: {json.dumps(data)}")
+    out = os.environ.get("OUT")
+    if out:
+        path = Path(out) / filename
+        prev = json.loads(path.read_text()) if path.exists() else {}
+        prev[name] = data
+        path.write_text(json.dumps(prev, indent=2))

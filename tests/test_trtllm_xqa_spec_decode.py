@@ -122,20 +122,32 @@ def test_masks_handed_out_stay_alive():
     assert any(m.data_ptr() == small.data_ptr() for m in state.kept)
 
 
-def test_single_token_rows_are_built_once_per_batch():
-    """All sliding-window layers of one batch share seq_lens and the SWA page table: the rows
-    are built for the first and reused; a new batch builds them again."""
+def test_single_token_rows_are_built_once_per_forward_pass():
+    """All sliding-window layers of one forward pass share seq_lens and the SWA page table:
+    the rows are built for the first and reused by later layers of the pass; a layer id that
+    does not grow starts a new pass and builds them again (sglang runs a captured pass after
+    eager warm-up runs on the same tensors: the capture must record its own build)."""
     state = xqa._XqaState()
     seq_lens, table = torch.tensor([5, 9], dtype=torch.int32), torch.arange(20, dtype=torch.int32).view(2, 10)
-    state.begin(batch := object())
-    rows = state.single_token_rows(seq_lens, table, 3)
+
+    def at(layer_id):
+        state.layer_id = layer_id
+        return state.single_token_rows(seq_lens, table, 3)
+
+    rows = at(0)
     assert rows[0].tolist() == [3, 4, 5, 7, 8, 9] and torch.equal(rows[1], table.repeat_interleave(3, dim=0))
-    again = state.single_token_rows(seq_lens, table, 3)
-    assert again[0] is rows[0] and again[1] is rows[1]
-    state.begin(batch)
-    assert state.single_token_rows(seq_lens, table, 3)[0] is rows[0]
-    state.begin(object())
-    assert state.single_token_rows(seq_lens, table, 3)[0] is not rows[0]
+    assert at(2)[0] is rows[0] and at(4)[1] is rows[1]  # later layers of the same pass
+    second = at(0)  # the next pass (same static tensors)
+    assert second[0] is not rows[0] and torch.equal(second[0], rows[0])
+    assert at(2)[0] is second[0]
+    state.layer_id = 4
+    assert state.single_token_rows(seq_lens.clone(), table, 3)[0] is not second[0]  # other tensors
+
+
+def test_padded_graph_rows_never_get_a_length_below_one():
+    state = xqa._XqaState()
+    lens, _ = state.single_token_rows(torch.tensor([1, 7], dtype=torch.int32), torch.zeros(2, 4, dtype=torch.int32), 4)
+    assert lens.tolist() == [1, 1, 1, 1, 4, 5, 6, 7]
 
 
 def test_the_check_command_runs_the_scenario():

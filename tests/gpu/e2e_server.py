@@ -3,15 +3,21 @@
 with and without the plugin (sglang loads it by itself through its entry point; "without"
 uses sglang's own allow-list SGLANG_PLUGINS so the plugin is never loaded).
 
-    python tests/gpu/e2e_server.py SCENARIO [SCENARIO ...] --out DIR
+    PARALLEL=8 python tests/gpu/e2e_server.py SCENARIO [SCENARIO ...] --out DIR
+
+CUDA graphs are ON (sglang's default) in every run unless a row says "graphs off".
+PARALLEL servers run side by side on the one GPU (default 1), each on its own port.
 
 Scenarios:
   fa3_eagle3   seed 002: FA3 + EAGLE3 tree decoding (topk 2) on a small SWA pool. Greedy
                output with speculative decoding must equal the same server's output with
                it off. Runs: reference (no spec), spec without plugin, spec with plugin.
   xqa_verify   trtllm_mha decode (XQA) with --speculative-attention-mode decode: TARGET_VERIFY
-               through the XQA decode kernel, without and with trtllm_xqa_spec_decode, and
-               the output compared with the same server without speculative decoding.
+               through the XQA decode kernel in CUDA graphs, on a target whose sliding
+               layers decide its output (make_swa_pair), bf16 and FP8 KV; against no-spec,
+               side by side with the fa3-verify control.
+  fa3_seq      seed 002 one request at a time against --disable-hybrid-swa-memory.
+  guard_server the opt-in index guard on seed 002's path, with and without the FA3 fix.
   trtllm_eagle_accept
                seed 001 with a draft the target accepts (make_eagle_pair): trtllm_mha decode
                + fa3 prefill, EAGLE topk 1; draft proposals and accept length against
@@ -24,6 +30,7 @@ Each scenario writes DIR/<scenario>.json and the server logs DIR/<run>.log.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -31,11 +38,17 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-PORT = 31000 + os.getpid() % 1000
+# Servers run side by side on the one GPU (PARALLEL at a time, each on its own port): one
+# request at a time inside a server keeps its arithmetic independent of the others.
+PARALLEL = int(os.environ.get("PARALLEL", "1"))
+_PORTS = itertools.count(30000 + os.getpid() % 200 * 50)
+_PORT_LOCK = threading.Lock()
+_POOL: "ThreadPoolExecutor | None" = None
 OFF = {"SGLANG_PLUGINS": "plugin_that_does_not_exist"}  # sglang's allow-list: ours stays out
 ON = {"SGLANG_PLUGINS": "swa_plugin"}
 
@@ -85,19 +98,17 @@ def make_models(root: str, vocab: int = 2048) -> tuple:
     return target, draft
 
 
-def make_eagle_pair(root: str) -> tuple:
-    """A GPT-OSS-style target and an EAGLE (``LlamaForCausalLMEagle``) draft whose weights
-    make the draft compute the target's own next-token function, so that a draft reading
-    the right KV is accepted at nearly every step:
-    - target: 4 layers sliding/full/sliding/full; only layer 1 (full attention) adds to
-      the residual (every other o_proj, every expert's down projection and all biases are
-      zero, sinks -30 so they take no weight); embeddings are +-1, so the RMS norm before
-      layer 1 is the identity in bf16; logits = lm_head(norm(E + A1)).
-    - draft: ``fc`` = [I | 0] passes the token embedding through (the target's hidden
-      state is ignored), its one layer (layer id 0, whose input norm EAGLE skips) is a copy
-      of the target's layer-1 attention with the same RoPE, its MLP adds zero; it returns
-      E + A, and argmax(lm_head(x)) = argmax(lm_head(norm(x))).
-    The draft's layer id 0 is a sliding layer of the target: that is what seed 001 mixes up.
+def make_readout_pair(root: str, name: str, seed: int, o_scale: tuple, draft_copies: "int | None") -> tuple:
+    """A GPT-OSS-style target whose next token is argmax(lm_head(E + sum of the attention
+    outputs)), and an EAGLE (``LlamaForCausalLMEagle``) draft built to predict it:
+    - target: 4 layers sliding/full/sliding/full (window 16); embeddings are +-1, so the RMS
+      norms are the identity in bf16; every expert's down projection and every bias is zero and
+      the sinks are -30 (no weight), so only attention adds to the residual; layer i's o_proj
+      is scaled by ``o_scale[i]`` (0: the layer adds nothing);
+    - draft: ``fc`` = [I | 0] passes the token embedding through (the target's hidden state is
+      ignored); its one layer (layer id 0, whose input norm EAGLE skips) is a copy of target
+      layer ``draft_copies``'s attention with the same RoPE, or adds nothing (None); its MLP
+      adds zero. argmax(lm_head(x)) = argmax(lm_head(norm(x))).
     Returns (target dir, draft dir)."""
     import torch
     from safetensors.torch import save_file
@@ -105,7 +116,7 @@ def make_eagle_pair(root: str) -> tuple:
 
     H, V, FF = 256, 2048, 512
     cfg = gpt_oss_config(V)
-    torch.manual_seed(1)
+    torch.manual_seed(seed)
     model = GptOssForCausalLM(cfg).to(torch.bfloat16)
     sd = model.state_dict()
     with torch.no_grad():
@@ -120,12 +131,11 @@ def make_eagle_pair(root: str) -> tuple:
             sd[p + "mlp.experts.down_proj_bias"].zero_()
             sd[p + "input_layernorm.weight"].fill_(1)
             sd[p + "post_attention_layernorm.weight"].fill_(1)
-            if i != 1:
-                sd[p + "self_attn.o_proj.weight"].zero_()
-    target = os.path.join(root, "target_eagle")
+            sd[p + "self_attn.o_proj.weight"].mul_(o_scale[i])
+    target = os.path.join(root, f"target_{name}")
     model.save_pretrained(target, safe_serialization=True)
 
-    draft = os.path.join(root, "draft_eagle")
+    draft = os.path.join(root, f"draft_{name}")
     d = LlamaConfig(
         vocab_size=V, hidden_size=H, intermediate_size=FF, num_hidden_layers=1, num_attention_heads=4,
         num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, rms_norm_eps=cfg.rms_norm_eps,
@@ -142,16 +152,40 @@ def make_eagle_pair(root: str) -> tuple:
          "layers.0.mlp.down_proj.weight": bf(torch.zeros(H, FF)),
          "layers.0.post_attention_layernorm.weight": bf(torch.ones(H))}
     for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
-        w[f"layers.0.self_attn.{n}.weight"] = bf(sd[f"model.layers.1.self_attn.{n}.weight"])
+        src = sd[f"model.layers.{draft_copies if draft_copies is not None else 0}.self_attn.{n}.weight"]
+        w[f"layers.0.self_attn.{n}.weight"] = bf(src if draft_copies is not None or n != "o_proj" else torch.zeros_like(src))
     save_file(w, os.path.join(draft, "model.safetensors"))
     return target, draft
+
+
+def make_eagle_pair(root: str) -> tuple:
+    """Seed 001's pair: only target layer 1 (full attention) adds to the residual and the
+    draft copies it, so a draft reading the right KV is accepted at nearly every step. The
+    draft's layer id 0 is a sliding layer of the target: that is what seed 001 mixes up."""
+    return make_readout_pair(root, "eagle", 1, (0, 1, 0, 0), draft_copies=1)
+
+
+def make_swa_pair(root: str) -> tuple:
+    """A target whose sliding-window layers decide its output, for the verify paths: layers
+    0 and 2 (sliding) add attention scaled 0.1, layers 1 and 3 (full) 0.03. Measured in torch
+    on CPU (teacher-forced random continuations of 60-token prompts, 288 positions): removing
+    the sliding layers changes 43 % of the next-token choices, removing the full layers 16 %,
+    lifting the window (the sliding layers attend to everything) 49 %. The draft adds nothing
+    to the embedding, so it proposes argmax(lm_head(E_t)), the target's choice at 59 % of
+    positions: most verify steps carry accepted draft rows, whose logits come from verify
+    rows 1-3."""
+    return make_readout_pair(root, "swa", 2, (0.1, 0.03, 0.1, 0.03), draft_copies=None)
 
 
 class Server:
     def __init__(self, name: str, out: str, args: list, env: dict):
         self.name, self.log = name, os.path.join(out, f"{name}.log")
+        with _PORT_LOCK:
+            self.port = next(_PORTS)
         full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
-        cmd = [sys.executable, "-m", "sglang.launch_server", "--port", str(PORT), "--host", "127.0.0.1", *args]
+        if "PYTHONPATH_PREPEND" in env:  # e.g. another build of the plugin in front of the payload's
+            full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [env["PYTHONPATH_PREPEND"], full_env.get("PYTHONPATH")]))
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--port", str(self.port), "--host", "127.0.0.1", *args]
         with open(self.log, "w") as f:
             f.write("$ " + " ".join(cmd) + "\n# env: " + json.dumps(env) + "\n")
         # cwd outside the source tree: the server must import the INSTALLED plugin.
@@ -159,12 +193,12 @@ class Server:
                                      start_new_session=True, cwd=tempfile.gettempdir())
         self.t0 = time.time()
 
-    def wait(self, timeout: float = 420) -> bool:
+    def wait(self, timeout: float = float(os.environ.get("START_TIMEOUT", "480"))) -> bool:
         while time.time() - self.t0 < timeout:
             if self.proc.poll() is not None:
                 return False
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=5) as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
                     if r.status == 200:
                         self.startup_s = time.time() - self.t0
                         return True
@@ -185,10 +219,10 @@ class Server:
         return [l.rstrip() for l in open(self.log, errors="replace") if needle in l]
 
 
-def generate(ids: list, max_new: int) -> dict:
+def generate(port: int, ids: list, max_new: int) -> dict:
     body = json.dumps({"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": max_new,
                                                               "ignore_eos": True}}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{PORT}/generate", data=body,
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=body,
                                  headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=300) as r:
@@ -217,7 +251,7 @@ def run(name, out, args, env, reqs, max_new, concurrency=32, rounds=1):
         for i in range(rounds + (1 if rounds > 1 else 0)):
             t = time.time()
             with ThreadPoolExecutor(concurrency) as ex:
-                outs = list(ex.map(lambda ids: generate(ids, max_new), reqs))
+                outs = list(ex.map(lambda ids: generate(srv.port, ids, max_new), reqs))
             res["wall_s"] = time.time() - t
             if rounds > 1 and i > 0:
                 toks = sum((o.get("meta_info", {}).get("completion_tokens") or 0) for o in outs)
@@ -230,6 +264,7 @@ def run(name, out, args, env, reqs, max_new, concurrency=32, rounds=1):
         res["completion_tokens"] = toks
         res["accept_length"] = round(toks / verify, 4) if verify else None
         res["plugin_log"] = srv.log_lines("sglang-swa-plugin")
+        res["cuda_graph"] = "--disable-cuda-graph" not in args
         res["crash"] = srv.proc.poll() is not None or bool(srv.log_lines("illegal memory access"))
         res["assertions"] = [l[-200:] for l in srv.log_lines("Error")][:4]
     finally:
@@ -237,6 +272,18 @@ def run(name, out, args, env, reqs, max_new, concurrency=32, rounds=1):
         with open(os.path.join(out, "runs.jsonl"), "a") as f:  # partial results survive a timeout
             f.write(json.dumps({k: v for k, v in res.items() if k != "outputs"}) + "\n")
     return res
+
+
+def run_many(runs: dict) -> dict:
+    """``{key: (name, out, args, env, reqs, max_new[, kwargs])}`` -> ``{key: result}``, run on the
+    shared pool (PARALLEL servers at a time across every scenario)."""
+    def one(spec):
+        return run(*spec[:6], **(spec[6] if len(spec) > 6 else {}))
+
+    if _POOL is None:
+        return {k: one(v) for k, v in runs.items()}
+    futures = {k: _POOL.submit(one, v) for k, v in runs.items()}
+    return {k: f.result() for k, f in futures.items()}
 
 
 def compare(a: list, b: list) -> dict:
@@ -253,23 +300,50 @@ def eagle3(draft: str, topk: int, steps: int = 3, draft_tokens: int = 4) -> list
             "--speculative-num-steps", str(steps), "--speculative-num-draft-tokens", str(draft_tokens)]
 
 
-BASE = ["--skip-tokenizer-init", "--disable-cuda-graph",
-        "--disable-piecewise-cuda-graph", "--mem-fraction-static", "0.5", "--page-size", "1",
-        "--max-total-tokens", "4096", "--swa-full-tokens-ratio", "0.1", "--random-seed", "0"]
+# sglang's defaults but for the piecewise (prefill) CUDA graphs, whose torch.compile takes
+# ~2 minutes per server and does not touch the decode/verify graphs these runs are about.
+# CUDA graphs are ON; eager(args) is the secondary --disable-cuda-graph row.
+# MEM_FRACTION: with servers side by side, each must still find (1 - fraction) of the card free
+# when it sizes its pools (its KV pool is capped by --max-total-tokens anyway).
+BASE = ["--skip-tokenizer-init", "--disable-piecewise-cuda-graph", "--mem-fraction-static", os.environ.get("MEM_FRACTION", "0.5"),
+        "--page-size", "1", "--max-total-tokens", "4096", "--swa-full-tokens-ratio", "0.1", "--random-seed", "0"]
+
+
+def eager(args: list) -> list:
+    return args + ["--disable-cuda-graph"]
+
+
+def first_divergences(cmp: dict) -> dict:
+    """A compare() result as a distribution: how many requests first diverge in each token band."""
+    firsts = cmp["first_divergence_per_request"]
+    bands = {"identical": sum(1 for f in firsts if f is None), "0-3": 0, "4-15": 0, "16-31": 0, "32+": 0}
+    for f in firsts:
+        if f is not None:
+            bands["0-3" if f < 4 else "4-15" if f < 16 else "16-31" if f < 32 else "32+"] += 1
+    return bands
+
+
+def judged(runs: dict, ref: str) -> dict:
+    """Every run's outputs against ``runs[ref]``'s."""
+    out = {}
+    for key, r in runs.items():
+        if key != ref:
+            cmp = compare(r.get("outputs") or [], runs[ref].get("outputs") or [])
+            out[f"{key}_vs_{ref}"] = {**cmp, "bands": first_divergences(cmp)}
+    return out
 
 
 def scenario_fa3_eagle3(out, target, draft):
     reqs = prompts(32, 60)
     common = BASE + ["--model-path", target, "--attention-backend", "fa3"]
     spec = eagle3(draft, topk=2)
-    ref = run("fa3_ref_nospec", out, common, ON, reqs, 64)
-    without = run("fa3_eagle3_without_plugin", out, common + spec, OFF, reqs, 64)
-    with_ = run("fa3_eagle3_with_plugin", out, common + spec, ON, reqs, 64)
-    distinct = len({tuple(o) for o in ref.get("outputs") or [] if o})
-    return {"reference": ref, "without_plugin": without, "with_plugin": with_,
-            "reference_distinct_outputs": distinct,
-            "without_vs_reference": compare(without.get("outputs") or [], ref.get("outputs") or []),
-            "with_vs_reference": compare(with_.get("outputs") or [], ref.get("outputs") or [])}
+    runs = run_many({
+        "reference": ("fa3_ref_nospec", out, common, ON, reqs, 64),
+        "without_plugin": ("fa3_eagle3_without_plugin", out, common + spec, OFF, reqs, 64),
+        "with_plugin": ("fa3_eagle3_with_plugin", out, common + spec, ON, reqs, 64),
+    })
+    return {**runs, "reference_distinct_outputs": len({tuple(o) for o in runs["reference"].get("outputs") or [] if o}),
+            **judged(runs, "reference")}
 
 
 def scenario_fa3_seq(out, target, draft):
@@ -278,14 +352,13 @@ def scenario_fa3_seq(out, target, draft):
     against the same spec run with --disable-hybrid-swa-memory (no index translation at all,
     correct by construction). With the plugin the outputs must be identical to it."""
     reqs = prompts(12, 60, seed=3)
-    common = BASE + ["--model-path", target, "--attention-backend", "fa3"]
-    spec = eagle3(draft, topk=2)
-    nohyb = run("fa3seq_no_hybrid_swa", out, common + spec + ["--disable-hybrid-swa-memory"], ON, reqs, 96, concurrency=1)
-    without = run("fa3seq_without_plugin", out, common + spec, OFF, reqs, 96, concurrency=1)
-    with_ = run("fa3seq_with_plugin", out, common + spec, ON, reqs, 96, concurrency=1)
-    return {"no_hybrid_swa": nohyb, "without_plugin": without, "with_plugin": with_,
-            "without_vs_no_hybrid": compare(without.get("outputs") or [], nohyb.get("outputs") or []),
-            "with_vs_no_hybrid": compare(with_.get("outputs") or [], nohyb.get("outputs") or [])}
+    common = BASE + ["--model-path", target, "--attention-backend", "fa3"] + eagle3(draft, topk=2)
+    runs = run_many({
+        "no_hybrid": ("fa3seq_no_hybrid_swa", out, common + ["--disable-hybrid-swa-memory"], ON, reqs, 96, {"concurrency": 1}),
+        "without_plugin": ("fa3seq_without_plugin", out, common, OFF, reqs, 96, {"concurrency": 1}),
+        "with_plugin": ("fa3seq_with_plugin", out, common, ON, reqs, 96, {"concurrency": 1}),
+    })
+    return {**runs, **judged(runs, "no_hybrid")}
 
 
 def scenario_fa3_control(out, target, draft):
@@ -295,9 +368,31 @@ def scenario_fa3_control(out, target, draft):
     reference is what bf16 numerics alone produce."""
     reqs = prompts(32, 60)
     common = BASE + ["--model-path", target, "--attention-backend", "fa3"]
-    nohyb = run("fa3_eagle3_no_hybrid_swa", out, common + eagle3(draft, topk=2) + ["--disable-hybrid-swa-memory"], ON, reqs, 64)
-    topk1 = run("fa3_eagle3_topk1", out, common + eagle3(draft, topk=1), ON, reqs, 64)
-    return {"no_hybrid_swa": nohyb, "topk1": topk1, "topk1_vs_no_hybrid": compare(topk1.get("outputs") or [], nohyb.get("outputs") or [])}
+    runs = run_many({
+        "no_hybrid": ("fa3_eagle3_no_hybrid_swa", out, common + eagle3(draft, topk=2) + ["--disable-hybrid-swa-memory"], ON, reqs, 64),
+        "topk1": ("fa3_eagle3_topk1", out, common + eagle3(draft, topk=1), ON, reqs, 64),
+    })
+    return {**runs, **judged(runs, "no_hybrid")}
+
+
+def scenario_guard_server(out, target, draft):
+    """The opt-in index guard on a real server (seed 002's path: FA3 + EAGLE3 topk 2, 32
+    requests, small SWA pool): with every fix the run completes (no false alarm); with the
+    FA3 fix taken out the scheduler stops on the guard's named device-side assert instead
+    of an illegal memory access or silently wrong tokens."""
+    reqs = prompts(32, 60)
+    common = BASE + ["--model-path", target, "--attention-backend", "fa3"] + eagle3(draft, topk=2)
+    guard = {**ON, "SGLANG_SWA_PLUGIN_GUARD": "1"}
+    runs = run_many({
+        "all_fixes": ("guard_fa3_eagle3_all_fixes", out, common, guard, reqs, 64),
+        "without_fa3_fix": ("guard_fa3_eagle3_without_fa3_fix", out, common,
+                            {**guard, "SGLANG_SWA_PLUGIN_FIXES": "-fa3_spec_translate"}, reqs, 64),
+    })
+    log = open(os.path.join(out, "guard_fa3_eagle3_without_fa3_fix.log"), errors="replace").read()
+    runs["without_fa3_fix"]["guard_message"] = [l[-300:] for l in log.splitlines()
+                                                if "Assertion" in l and "swa_index_guard:" in l][:3]
+    runs["without_fa3_fix"]["illegal_memory_access"] = "illegal memory access" in log
+    return runs
 
 
 RECORDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spec_recorder")
@@ -348,12 +443,12 @@ def scenario_trtllm_eagle_accept(out, _target, _draft):
                      "--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", draft,
                      "--speculative-eagle-topk", "1", "--speculative-num-steps", "3",
                      "--speculative-num-draft-tokens", "4"]
-    runs = {"no_hybrid_swa": (["--disable-hybrid-swa-memory"], ON), "without_plugin": ([], OFF), "with_plugin": ([], ON)}
-    res = {}
-    for key, (extra, env) in runs.items():
-        name = f"eagle_accept_{key}"
-        res[key] = run(name, out, common + extra, recorded(env, out, name), reqs, 96, concurrency=1)
-        res[key]["proposals"], res[key]["steps_with_index_spaces_apart"] = proposals(out, name)
+    kinds = {"no_hybrid_swa": (["--disable-hybrid-swa-memory"], ON), "without_plugin": ([], OFF), "with_plugin": ([], ON)}
+    names = {key: f"eagle_accept_{key}" for key in kinds}
+    res = run_many({key: (names[key], out, common + extra, recorded(env, out, names[key]), reqs, 96, {"concurrency": 1})
+                    for key, (extra, env) in kinds.items()})
+    for key in kinds:
+        res[key]["proposals"], res[key]["steps_with_index_spaces_apart"] = proposals(out, names[key])
     ref = res["no_hybrid_swa"]
     for key in ("without_plugin", "with_plugin"):
         res[f"{key}_vs_no_hybrid"] = compare(res[key].get("outputs") or [], ref.get("outputs") or [])
@@ -362,26 +457,44 @@ def scenario_trtllm_eagle_accept(out, _target, _draft):
     return res
 
 
-def scenario_xqa_verify(out, target, draft):
+def scenario_xqa_verify(out, _target, _draft):
     """trtllm_mha decode on Hopper (XQA) with ``--speculative-attention-mode decode``: TARGET_VERIFY
-    runs the XQA decode kernel with 4 query tokens per request (trtllm_xqa_spec_decode).
-    Without that fix: XQA's "Mask is required for speculative decoding" (and, with an FP8 KV
-    cache, an FP8 query). With it: every request completes; greedy output is compared with
-    the same server without speculative decoding. XQA_KV=fp8_e4m3 runs it on an FP8 KV cache."""
-    reqs = prompts(8, 60, seed=3)
-    kv = os.environ.get("XQA_KV", "auto")
-    common = BASE + ["--model-path", target, "--decode-attention-backend", "trtllm_mha",
-                     "--prefill-attention-backend", "fa3", "--kv-cache-dtype", kv]
-    spec = eagle3(draft, topk=1) + ["--speculative-attention-mode", "decode"]
-    if os.environ.get("XQA_CUDA_GRAPH") == "1":
-        common = [a for a in common if a != "--disable-cuda-graph"]
-    fix_off = {**ON, "SGLANG_SWA_PLUGIN_FIXES": "-trtllm_xqa_spec_decode"}
-    res = {"kv_cache_dtype": kv}
-    if os.environ.get("XQA_SKIP_WITHOUT") != "1":
-        res["without_fix"] = run(f"xqa_verify_{kv}_without_fix", out, common + spec, fix_off, reqs[:2], 32, concurrency=1)
-    res["with_fix"] = run(f"xqa_verify_{kv}_with_fix", out, common + spec, ON, reqs, 64, concurrency=1)
-    res["nospec"] = run(f"xqa_verify_{kv}_nospec", out, common, ON, reqs, 64, concurrency=1)
-    res["with_fix_vs_nospec"] = compare(res["with_fix"].get("outputs") or [], res["nospec"].get("outputs") or [])
+    runs the XQA decode kernel with 4 query tokens per request (trtllm_xqa_spec_decode), in
+    CUDA graphs (sglang's default). Target: make_swa_pair (its sliding-window layers decide
+    its output; its draft is accepted often, so verify rows 1-3 matter). 32 prompts of 60
+    tokens (window 16), 64 new tokens, one request at a time, greedy. Judged against the
+    no-spec run of the same server configuration, side by side with the control: the same
+    speculative run with verify on fa3 (``--speculative-attention-mode prefill``, the path
+    upstream supports), so that kernel rounding is told apart from a bug. Per KV dtype in
+    XQA_KVS (default "auto,fp8_e4m3"). Secondary rows (first KV dtype only): graphs off;
+    without the fix (XQA refuses the call at start-up); OLD_PLUGIN (a directory holding
+    another build of the plugin, e.g. 6b08c25's) in front of the payload, graphs on."""
+    target, draft = make_swa_pair(tempfile.mkdtemp(prefix="swa_xqa_"))
+    reqs = prompts(32, 60, seed=3)
+    spec = ["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", draft,
+            "--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
+    kvs = os.environ.get("XQA_KVS", "auto,fp8_e4m3").split(",")
+    runs = {}
+    for i, kv in enumerate(kvs):
+        common = BASE + ["--model-path", target, "--decode-attention-backend", "trtllm_mha",
+                         "--prefill-attention-backend", "fa3", "--kv-cache-dtype", kv]
+        xqa = common + spec + ["--speculative-attention-mode", "decode"]
+        one = {"concurrency": 1}
+        runs[f"{kv}_nospec"] = (f"xqa_{kv}_nospec", out, common, ON, reqs, 64, one)
+        runs[f"{kv}_xqa_verify"] = (f"xqa_{kv}_xqa_verify", out, xqa, ON, reqs, 64, one)
+        runs[f"{kv}_fa3_verify_control"] = (f"xqa_{kv}_fa3_verify", out, common + spec + ["--speculative-attention-mode", "prefill"],
+                                            ON, reqs, 64, one)
+        if i == 0:
+            runs[f"{kv}_xqa_verify_graphs_off"] = (f"xqa_{kv}_xqa_verify_eager", out, eager(xqa), ON, reqs, 64, one)
+            runs[f"{kv}_xqa_verify_without_fix"] = (f"xqa_{kv}_without_fix", out, xqa,
+                                                    {**ON, "SGLANG_SWA_PLUGIN_FIXES": "-trtllm_xqa_spec_decode"}, reqs[:2], 16, one)
+            if os.environ.get("OLD_PLUGIN"):
+                runs[f"{kv}_xqa_verify_old_plugin"] = (f"xqa_{kv}_xqa_verify_old_plugin", out, xqa,
+                                                       {**ON, "PYTHONPATH_PREPEND": os.environ["OLD_PLUGIN"]}, reqs, 64, one)
+    res = run_many(runs)
+    for kv in kvs:
+        mine = {k[len(kv) + 1:]: v for k, v in res.items() if k.startswith(kv + "_")}
+        res[f"{kv}_judged"] = judged({k: v for k, v in mine.items() if k != "xqa_verify_without_fix"}, "nospec")
     return res
 
 
@@ -395,8 +508,7 @@ def scenario_cost(out, target, _draft, reps: int = int(os.environ.get("COST_REPS
     import statistics
 
     reqs = prompts(64, 32, seed=2)
-    base = [a for a in BASE if a != "--disable-cuda-graph"]
-    common = base + ["--model-path", target, "--attention-backend", "fa3", "--max-total-tokens", "16384",
+    common = BASE + ["--model-path", target, "--attention-backend", "fa3", "--max-total-tokens", "16384",
                      "--cuda-graph-max-bs", "64"]
     labels = os.environ.get("COST_SETTINGS", "on,off").split(",")
     rows = []
@@ -416,42 +528,65 @@ def scenario_cost(out, target, _draft, reps: int = int(os.environ.get("COST_REPS
     return res
 
 
-SCENARIOS = {"trtllm_eagle_accept": scenario_trtllm_eagle_accept, "xqa_verify": scenario_xqa_verify, "fa3_seq": scenario_fa3_seq, "fa3_eagle3": scenario_fa3_eagle3, "fa3_control": scenario_fa3_control, "cost": scenario_cost}
+SCENARIOS = {"trtllm_eagle_accept": scenario_trtllm_eagle_accept, "xqa_verify": scenario_xqa_verify,
+             "fa3_seq": scenario_fa3_seq, "fa3_eagle3": scenario_fa3_eagle3, "fa3_control": scenario_fa3_control,
+             "guard_server": scenario_guard_server, "cost": scenario_cost}
+
+
+def _summary(res: dict) -> dict:
+    summary = {}
+    for k, v in res.items():
+        if isinstance(v, dict) and "identical_steps" in v:
+            summary[k] = v
+        elif isinstance(v, dict) and "identical_requests" in v:
+            summary[k] = f"{v['identical_requests']}/{v['of']} requests identical; first divergence: {v.get('bands')}"
+        elif isinstance(v, dict) and "name" in v:
+            summary[k] = {x: v.get(x) for x in ("accept_length", "cuda_graph", "crash", "error", "startup_s", "errors",
+                                                "assertions", "round_tok_per_s", "steps_with_index_spaces_apart",
+                                                "guard_message") if v.get(x) not in (None, [], False)}
+            summary[k]["plugin_log"] = [l[-110:] for l in v.get("plugin_log", []) if "trtllm_xqa" in l or "guard" in l][:2]
+        elif isinstance(v, dict):
+            summary[k] = _summary(v)
+        elif not isinstance(v, list):
+            summary[k] = v
+    if "rows" in res:
+        summary["rows"] = res["rows"]
+    return summary
+
+
+def run_scenario(name: str, out: str, target: str, draft: str) -> None:
+    from importlib.metadata import version
+
+    t = time.time()
+    try:
+        res = SCENARIOS[name](out, target, draft)
+    except Exception as e:  # noqa: BLE001 - the other scenarios go on
+        res = {"scenario_error": f"{type(e).__name__}: {e}"}
+    res["sglang"] = version("sglang")
+    res["seconds"] = round(time.time() - t, 1)
+    with open(os.path.join(out, f"{name}.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"== {name}: " + json.dumps(_summary(res))[:5000], flush=True)
 
 
 def main():
+    global _POOL
     ap = argparse.ArgumentParser()
     ap.add_argument("scenarios", nargs="+", choices=sorted(SCENARIOS))
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     import sglang  # noqa: F401
-    from importlib.metadata import version
 
     root = tempfile.mkdtemp(prefix="swa_e2e_")
     target, draft = make_models(root)
-    for s in a.scenarios:
-        t = time.time()
-        res = SCENARIOS[s](a.out, target, draft)
-        res["sglang"] = version("sglang")
-        res["seconds"] = round(time.time() - t, 1)
-        with open(os.path.join(a.out, f"{s}.json"), "w") as f:
-            json.dump(res, f, indent=1)
-        summary = {}
-        for k, v in res.items():
-            if isinstance(v, dict) and "identical_steps" in v:
-                summary[k] = v
-            elif isinstance(v, dict) and "identical_requests" in v:
-                summary[k] = f"{v['identical_requests']}/{v['of']} requests identical"
-            elif isinstance(v, dict) and "name" in v:
-                summary[k] = {x: v.get(x) for x in ("accept_length", "crash", "error", "startup_s", "errors",
-                                                    "assertions", "round_tok_per_s", "steps_with_index_spaces_apart")}
-                summary[k]["plugin_log"] = [l[-160:] for l in v.get("plugin_log", [])[:6]]
-            elif not isinstance(v, (dict, list)):
-                summary[k] = v
-        if "rows" in res:
-            summary["rows"] = res["rows"]
-        print(f"== {s}: " + json.dumps(summary, indent=1)[:6000], flush=True)
+    if PARALLEL > 1:  # scenarios side by side, PARALLEL servers at a time in all
+        _POOL = ThreadPoolExecutor(PARALLEL)
+        with ThreadPoolExecutor(len(a.scenarios)) as ex:
+            list(ex.map(lambda s: run_scenario(s, a.out, target, draft), a.scenarios))
+    else:
+        for s in a.scenarios:
+            run_scenario(s, a.out, target, draft)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
 # the named steps. Output goes to $OUT.
 #   bash tests/gpu/run_on_device.sh STEP [STEP ...]
 # Steps: unpack | unpack12 | smoke | trtllm_eagle_accept | xqa_verify | fa3_seq | fa3_eagle3 | fa3_control | cost | fp8 | fp8w |
-#        guard_kernel | guard_server | gpu_tests | bench_decode | bench_fix_step
+#        guard_kernel | guard_server | gpu_tests | bench_decode | bench_fix_step | graph_kernel | bench_xqa | servers | fi7 | pack
+# servers: SCENARIOS="xqa_verify trtllm_eagle_accept ..." PARALLEL=N (side by side on the GPU)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -16,6 +17,10 @@ for step in "$@"; do
       bash .gpu-payload/unpack.sh .gpu-payload true
       python3 -m pip install -q --no-index --no-deps --upgrade --target /root/site .gpu-payload/plugin/*.whl
       [ -d .gpu-payload/fi ] && python3 -m pip install -q --no-index --no-deps --upgrade --target /root/fi .gpu-payload/fi/*.whl
+      # another build of the plugin (e.g. an older commit), for "before" rows: OLD_PLUGIN=/root/oldplugin
+      for d in oldplugin variant; do  # other builds of the plugin, for "before" rows: /root/oldplugin, /root/variant
+        [ -d .gpu-payload/$d ] && python3 -m pip install -q --no-index --no-deps --upgrade --target /root/$d .gpu-payload/$d/*.whl
+      done
       ls /root/site | grep -i -E "swa|sglang-|sglang_swa" ;;
     unpack12)  # a second release beside the first: .gpu-payload12/unpack.sh unpacks into /root/site12
       bash .gpu-payload12/unpack.sh .gpu-payload12 true
@@ -40,6 +45,31 @@ for step in "$@"; do
       PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-560} python3 tests/benchmarks/bench_decode_gpu.py ${PAIRS:-3} --out "$OUT" 2>&1 | tail -12 ;;
     bench_fix_step)  # SITE=/root/site12 runs it on another unpacked release
       PYTHONPATH=${SITE:-/root/site} timeout ${STEP_TIMEOUT:-400} python3 tests/benchmarks/bench_fix_step_gpu.py ${ITERS:-300} 2>&1 | tail -5 ;;
+    graph_kernel)  # the fix inside a real CUDA graph; then the same test with the old plugin build
+      repo=$(pwd)
+      (cd /tmp && PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-400} python3 -m pytest -q -rs -m gpu \
+        "$repo/tests/gpu/test_xqa_graph_replay_gpu.py" -p no:cacheprovider 2>&1 | tee "$OUT/graph_kernel.log" | tail -15)
+      for d in oldplugin variant; do
+        [ -d /root/$d ] && (cd /tmp && XQA_GRAPH_LABEL=$d PYTHONPATH=/root/$d:/root/site timeout ${STEP_TIMEOUT:-400} \
+          python3 -m pytest -q -rs -m gpu "$repo/tests/gpu/test_xqa_graph_replay_gpu.py" -p no:cacheprovider 2>&1 \
+          | tee "$OUT/graph_kernel_$d.log" | grep -E "passed|failed" | tail -2 | sed "s/^/$d: /")
+      done ;;
+    bench_xqa)
+      PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-300} python3 tests/benchmarks/bench_xqa_verify_gpu.py ${BLOCKS:-15} 2>&1 | tail -12 ;;
+    servers)
+      PARALLEL=${PARALLEL:-8} MEM_FRACTION=${MEM_FRACTION:-0.8} OLD_PLUGIN=$([ -d /root/oldplugin ] && echo /root/oldplugin) \
+        PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-560} python3 tests/gpu/e2e_server.py ${SCENARIOS:-xqa_verify} --out "$OUT" ;;
+    fi7)  # XQA's windowed multi-token path with the flashinfer releases sglang 0.5.22/0.5.23 pin
+      python3 -m pip install -q --no-index --no-deps --upgrade --target /root/tvm .gpu-payload/fi7/apache_tvm_ffi*.whl
+      for v in ${FI_VERSIONS:-071 072}; do
+        [ $v = site ] || { mkdir -p /root/fi$v && tar -C /root/fi$v -xJf .gpu-payload/fi7/fi$v.tar.xz; }
+        for W in 31 16; do
+          W=$W PYTHONPATH=/root/fi$v:/root/tvm:/root/site timeout ${STEP_TIMEOUT:-300} python3 tests/gpu/xqa_window_semantics.py 2>&1 \
+            | tee -a "$OUT/fi7.log" | grep -E "XQA_WINDOW|Error" | sed "s/^/flashinfer $v: /"
+        done
+      done ;;
+    pack)  # at most 8 files come back: everything under $OUT into one archive
+      (cd "$OUT" && tar czf "/tmp/results.tgz" . && find . -mindepth 1 -delete && mv /tmp/results.tgz "$OUT/results_$(date +%H%M%S).tgz") ;;
     gpu_tests)
       repo=$(pwd); (cd /tmp && PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-400} python3 -m pytest -q -rs -m gpu "$repo/tests/gpu" -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log") ;;
   esac

@@ -173,13 +173,9 @@ def run_case(with_plugin: bool) -> dict:
 
 
 def _report(name, data):
-    print(f"{name}: {json.dumps(data)}")
-    out = os.environ.get("OUT")
-    if out:
-        path = Path(out) / "fa3_spec_translate_gpu.json"
-        prev = json.loads(path.read_text()) if path.exists() else {}
-        prev[name] = data
-        path.write_text(json.dumps(prev, indent=2))
+    from helpers import report_json
+
+    report_json("fa3_spec_translate_gpu.json", name, data)
 
 
 def test_verify_attention_matches_torch_with_the_plugin():

@@ -5,6 +5,8 @@ with torch references that anchor the window differently:
   per_row   query row r at position p sees keys max(0, p-W)..p  (what single-token decode does)
   last_row  every row sees keys from max(0, L-1-W), causally up to its own position
   first_row every row sees keys from max(0, L-q_len-W), causally up to its own position
+Also: a 4-token call whose query rows are strided (a view of a fused qkv tensor, as models
+hand it over) against the same query made dense.
 Prints the relative error of each; needs an sm90/sm120 GPU and flashinfer (no sglang)."""
 import json, os, sys
 
@@ -60,6 +62,31 @@ def main():
         if n > 1:  # per-row error pattern under the per_row rule
             r = ref(qq, kc, vc, bt, sl, ps, n, d ** -0.5, W, "per_row")
             res["per_row_err_by_row"] = [round(((out - r).view(bs, n, nq, d)[:, i].abs().max()).item(), 4) for i in range(n)]
+    # The query as a model hands it over: a view of its fused qkv projection, rows strided by
+    # q+k+v (GPT-OSS's qkv.split). Same values as q; full attention and the window.
+    wide = torch.zeros(bs * q_len, nq + 2 * nkv, d, device=dev, dtype=torch.bfloat16)
+    strided = wide[:, :nq]
+    strided.copy_(q)
+    for w in (-1, W):
+        for name, qq in (("dense", q), ("strided", strided)):
+            out = flashinfer.decode.trtllm_batch_decode_with_kv_cache(
+                query=qq, kv_cache=(kc, vc), workspace_buffer=ws, block_tables=bt, seq_lens=sl, max_seq_len=4096,
+                bmm1_scale=d ** -0.5, bmm2_scale=1.0, window_left=w, sinks=None, out_dtype=torch.bfloat16,
+                q_len_per_req=q_len, mask=probe.spec_dec_mask(bs, q_len, dev)).float()
+            r = ref(q, kc, vc, bt, sl, ps, q_len, d ** -0.5, w if w >= 0 else 1 << 30, "per_row")
+            res[f"q_len{q_len}_window{w}_{name}_query"] = round(((out - r).abs().max() / r.abs().max()).item(), 4)
+    # Plain decode (one token per request, batch 2) with the strided query: the last row of
+    # each request.
+    last = q.view(bs, q_len, nq, d)[:, -1]
+    wide1 = torch.zeros(bs, nq + 2 * nkv, d, device=dev, dtype=torch.bfloat16)
+    strided1 = wide1[:, :nq]
+    strided1.copy_(last)
+    for name, qq in (("dense", last.contiguous()), ("strided", strided1)):
+        out = flashinfer.decode.trtllm_batch_decode_with_kv_cache(
+            query=qq, kv_cache=(kc, vc), workspace_buffer=ws, block_tables=bt, seq_lens=sl, max_seq_len=4096,
+            bmm1_scale=d ** -0.5, bmm2_scale=1.0, window_left=-1, sinks=None, out_dtype=torch.bfloat16).float()
+        r = ref(last.contiguous(), kc, vc, bt, sl, ps, 1, d ** -0.5, 1 << 30, "per_row")
+        res[f"q_len1_batch{bs}_{name}_query"] = round(((out - r).abs().max() / r.abs().max()).item(), 4)
     # The plugin's trtllm_xqa_spec_decode view, given the release's arguments (no mask).
     try:
         from sglang_swa_plugin.hooks.trtllm_xqa_spec_decode import _XqaState, _masking_flashinfer

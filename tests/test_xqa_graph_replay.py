@@ -1,0 +1,159 @@
+"""trtllm_xqa_spec_decode under CUDA graphs (sglang's default), on the CPU.
+
+sglang captures TARGET_VERIFY once per batch size: it builds the batch's metadata on static
+buffers, runs the forward pass eagerly (warm-up), captures it, and at every later step only
+refreshes the static buffers (seq_lens, page tables) and replays; no Python runs at replay.
+Whatever the hook derives (the sliding-window layers' single-token rows, the masks) must
+therefore be derived inside the captured region from the static buffers, or it is stale at
+every replay. This test runs that exact sequence on a real trtllm_mha backend over diverged
+full/SWA pools, with sglang's own capture and replay metadata code, the flashinfer kernels
+recorded and the capture emulated on the CPU (``cpu_graph.CpuGraph``): at each of several
+replays with other seq_lens and page tables (a padded batch too), the kernel must receive
+what windowed causal attention over the current requests needs. The GPU version, with real
+XQA kernels and a real CUDA graph, is tests/gpu/test_xqa_graph_replay_gpu.py."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import sglang.srt.model_executor.model_runner  # noqa: F401  (0.5.10: the start-up hook runs here)
+
+from sglang_swa_plugin import testbed
+from sglang_swa_plugin.core import temporarily_installed
+from sglang_swa_plugin.fix import Verdict
+from sglang_swa_plugin.hooks import trtllm_extend_routing as routing
+from sglang_swa_plugin.hooks import trtllm_xqa_spec_decode as xqa
+from sglang_swa_plugin.probe import optional_module, swapped, target_class
+
+from cpu_graph import CpuGraph
+from graph_steps import prepare_capture, prepare_replay
+from helpers import without_fix
+
+Q = 3  # draft tokens per request
+PREFIX = (4, 6)  # tokens per request before the drafts, at capture
+
+
+def _stock():
+    return without_fix(target_class(xqa.CLASS), "forward_extend", xqa.FIX.name)
+
+
+@contextlib.contextmanager
+def _kernels(graph, calls):
+    """The module's flashinfer (and, where the release has them, its Triton page-table builder
+    and FP8 quantizer) replaced by CPU recorders; kernel calls are graph steps."""
+    mod = optional_module(xqa.MODULE)
+    rec = routing.kernel_recorders(calls, [-1])
+    rec.decode.trtllm_batch_decode_with_kv_cache = graph.kernel(rec.decode.trtllm_batch_decode_with_kv_cache)
+    rec.prefill.trtllm_batch_context_with_kv_cache = graph.kernel(rec.prefill.trtllm_batch_context_with_kv_cache)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(swapped(mod, "flashinfer", rec))
+        if hasattr(mod, "build_trtllm_mha_page_table"):
+            stack.enter_context(swapped(mod, "build_trtllm_mha_page_table", routing._page_table_on_cpu))
+        yield
+
+
+def _forward(backend, batch, layers, q):
+    for layer in layers:
+        backend.forward_extend(q, None, None, layer, batch, save_kv_cache=False)
+
+
+def _expected(bench, rows, prefix_lens, sliding):
+    """Per kernel row: (seq_len, the page-table entries it reads), for windowed causal
+    attention (sliding: one single-token row per draft row, SWA-pool pages) or the full layer
+    (one row per request with the mask, full-pool pages). Page size 1."""
+    out = []
+    for row, p in zip(rows, prefix_lens):
+        total = p + Q
+        slots = bench.req_to_token.req_to_token[row, :total].long()
+        pages = testbed.translate(bench.pool, slots) if sliding else slots
+        if sliding:
+            out += [(p + 1 + r, pages[: p + 1 + r].tolist()) for r in range(Q)]
+        else:
+            out.append((total, pages.tolist()))
+    return out
+
+
+def _received(call, n_real):
+    per_row = Q if call.q_len_per_req == 1 else 1
+    return [(n, call.page_table[i, :n].tolist()) for i, n in enumerate(call.seq_lens[: n_real * per_row])]
+
+
+# Replays after the capture (rows of req_to_token, prefix lengths): other lengths, other
+# page tables, swapped requests, and a padded batch (one real request in a graph of two).
+REPLAYS = [((0, 1), (4, 6)), ((1, 0), (6, 4)), ((2, 3), (7, 5)), ((3,), (6,))]
+
+
+def run_replays(install: bool):
+    bench = routing.extend_bench(num_draft_tokens=Q, prefix_lens=PREFIX)
+    backend, layers = bench.backend, bench.layers
+    backend.is_xqa_impl = True
+    # Rows 2 and 3: the requests' tokens in another order (other page tables, same pools).
+    testbed.fill_requests(bench.req_to_token, [bench.tokens[1].flip(0), bench.tokens[0].flip(0)], first_row=2)
+    batch = bench.batch("TARGET_VERIFY", [Q] * len(PREFIX))
+    heads = layers[0].tp_q_head_num * layers[0].head_dim
+    # As a model hands it over: a view of its fused qkv projection, rows strided by q+k+v.
+    q = torch.randn(batch.input_ids.shape[0], 2 * heads, dtype=torch.bfloat16)[:, :heads]
+    graph, calls = CpuGraph(), []
+    results = []
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_stock())
+        if install:
+            stack.enter_context(temporarily_installed(xqa.FIX))
+        stack.enter_context(_kernels(graph, calls))
+        prepare_capture(backend, batch, Q)
+        _forward(backend, batch, layers, q)  # sglang's warm-up runs
+        _forward(backend, batch, layers, q)
+        with graph.capture():
+            _forward(backend, batch, layers, q)
+        for rows, prefix_lens in REPLAYS:
+            prepare_replay(backend, batch, Q, rows, prefix_lens)
+            calls.clear()
+            graph.replay()
+            decode = [c for c in calls if c.kernel == "decode"]
+            results.append((rows, prefix_lens, decode))
+    return bench, graph, results
+
+
+@pytest.mark.skipif(xqa.FIX.detect().verdict is not Verdict.NEEDED, reason="this sglang passes the mask itself")
+def test_every_replay_gets_the_current_requests_windowed_rows():
+    bench, graph, results = run_replays(install=True)
+    assert graph.syncs == [], f"host-device sync inside the captured pass: {graph.syncs}"
+    for rows, prefix_lens, decode in results:
+        sliding = [c for c in decode if c.window_left >= 0]
+        full = [c for c in decode if c.window_left < 0]
+        assert len(sliding) == 1 and len(full) == 1, decode
+        s, f = sliding[0], full[0]
+        assert s.q_len_per_req == 1 and s.mask is None and s.q_rows == 2 * Q
+        assert s.q_dense and f.q_dense  # XQA reads query rows as dense
+        assert _received(s, len(rows)) == _expected(bench, rows, prefix_lens, sliding=True), (rows, prefix_lens)
+        assert min(s.seq_lens) >= 1  # padded rows too
+        assert f.q_len_per_req == Q and f.mask is not None and f.mask[:, :, 0].tolist() == [[1, 3, 7]] * 2
+        assert _received(f, len(rows)) == _expected(bench, rows, prefix_lens, sliding=False), (rows, prefix_lens)
+
+
+@pytest.mark.skipif(xqa.FIX.detect().verdict is not Verdict.NEEDED, reason="this sglang passes the mask itself")
+def test_the_emulated_graph_replays_sglangs_own_buffers():
+    """The emulation is what makes the test above mean anything: without the fix, the full
+    layer's calls at replay carry the CURRENT static buffers (sglang's own code is graph-safe),
+    so a stale value can only come from what a hook derived outside the captured region."""
+    bench, graph, results = run_replays(install=False)
+    for rows, prefix_lens, decode in results:
+        full = [c for c in decode if c.window_left < 0]
+        assert _received(full[0], len(rows)) == _expected(bench, rows, prefix_lens, sliding=False)
+        assert full[0].mask is None  # the release's own call: XQA refuses it (the bug the fix exists for)
+
+
+def test_masks_made_during_a_capture_are_never_handed_out_again():
+    """A mask made while a graph is captured holds its values only inside that graph."""
+    state, graph = xqa._XqaState(), CpuGraph()
+    with graph.capture():
+        inside = state.mask(3, 2, torch.device("cpu"))
+    outside = state.mask(3, 2, torch.device("cpu"))
+    assert outside.data_ptr() != inside.data_ptr() and outside[:, :, 0].tolist() == [[1, 3, 7]] * 2
+    assert any(m.data_ptr() == inside.data_ptr() for m in state.kept)  # the graph still reads it
+    with CpuGraph().capture():
+        again = state.mask(3, 2, torch.device("cpu"))
+    assert again.data_ptr() == outside.data_ptr()  # an eagerly made mask serves any graph

@@ -498,6 +498,26 @@ def scenario_xqa_verify(out, _target, _draft):
     return res
 
 
+def scenario_batched_decode(out, _target, _draft):
+    """Plain decode (no speculative decoding), one request at a time against 16 at once: XQA
+    (trtllm_mha decode on Hopper) and, as the control, fa3. A request's decode attention does
+    not depend on its neighbours, so batching may change its output only through rounding.
+    Asks whether XQA misreads the strided query a model hands over once a batch has more than
+    one request (tests/gpu/xqa_window_semantics.py: relative error 0.68 at kernel level)."""
+    target, _ = make_swa_pair(tempfile.mkdtemp(prefix="swa_batch_"))
+    reqs = prompts(32, 60, seed=5)
+    runs = {}
+    for name, backend in (("xqa", ["--decode-attention-backend", "trtllm_mha", "--prefill-attention-backend", "fa3"]),
+                          ("fa3", ["--attention-backend", "fa3"])):
+        common = BASE + ["--model-path", target] + backend
+        runs[f"{name}_one_at_a_time"] = (f"batch_{name}_c1", out, common, ON, reqs, 64, {"concurrency": 1})
+        runs[f"{name}_16_at_once"] = (f"batch_{name}_c16", out, common, ON, reqs, 64, {"concurrency": 16})
+    res = run_many(runs)
+    for name in ("xqa", "fa3"):
+        res[f"{name}_judged"] = judged({k: v for k, v in res.items() if k.startswith(name + "_")}, f"{name}_one_at_a_time")
+    return res
+
+
 SETTINGS = {"off": OFF, "on": ON, "guard": {**ON, "SGLANG_SWA_PLUGIN_GUARD": "1"}}
 
 
@@ -530,7 +550,7 @@ def scenario_cost(out, target, _draft, reps: int = int(os.environ.get("COST_REPS
 
 SCENARIOS = {"trtllm_eagle_accept": scenario_trtllm_eagle_accept, "xqa_verify": scenario_xqa_verify,
              "fa3_seq": scenario_fa3_seq, "fa3_eagle3": scenario_fa3_eagle3, "fa3_control": scenario_fa3_control,
-             "guard_server": scenario_guard_server, "cost": scenario_cost}
+             "guard_server": scenario_guard_server, "batched_decode": scenario_batched_decode, "cost": scenario_cost}
 
 
 def _summary(res: dict) -> dict:

@@ -1,5 +1,5 @@
 """What sglang's CUDA-graph runner does to an attention backend around a captured
-TARGET_VERIFY pass, through the backend's own metadata methods (both APIs sglang has had):
+TARGET_VERIFY (or DRAFT_EXTEND_V2) pass, through the backend's own metadata methods (both APIs sglang has had):
 ``prepare_capture`` before the warm-up runs and the capture, ``prepare_replay`` before each
 replay. Shared by the CPU test (emulated graph) and the GPU test (real CUDA graph)."""
 
@@ -17,22 +17,18 @@ def graph_api(backend) -> str:
 
 
 def prepare_capture(backend, batch, q_len: int) -> None:
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
     bs = batch.batch_size
     backend.init_cuda_graph_state(bs, bs * q_len)
     if graph_api(backend) == "out_graph":
         backend.init_forward_metadata_out_graph(batch, in_capture=True)
     else:
         backend.init_forward_metadata_capture_cuda_graph(
-            bs, bs * q_len, batch.req_pool_indices, batch.seq_lens, None, ForwardMode.TARGET_VERIFY, None)
+            bs, bs * q_len, batch.req_pool_indices, batch.seq_lens, None, batch.forward_mode, batch.spec_info)
 
 
 def prepare_replay(backend, batch, q_len: int, rows: Sequence[int], seq_lens: Sequence[int]) -> None:
     """Copy the step's requests into the static buffers, padded as sglang pads a smaller batch
     (request row 0, the backend's seq_len fill value), and refresh the backend's metadata."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
     bs, raw = batch.batch_size, len(rows)
     fill = backend.get_cuda_graph_seq_len_fill_value()
     batch.req_pool_indices.copy_(torch.tensor(list(rows) + [0] * (bs - raw)))
@@ -42,4 +38,4 @@ def prepare_replay(backend, batch, q_len: int, rows: Sequence[int], seq_lens: Se
     else:
         backend.init_forward_metadata_replay_cuda_graph(
             bs, batch.req_pool_indices, batch.seq_lens, int(batch.seq_lens.sum()), None,
-            ForwardMode.TARGET_VERIFY, None, batch.seq_lens.cpu())
+            batch.forward_mode, batch.spec_info, batch.seq_lens.cpu())

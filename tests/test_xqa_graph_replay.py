@@ -86,13 +86,38 @@ def _received(call, n_real):
 REPLAYS = [((0, 1), (4, 6)), ((1, 0), (6, 4)), ((2, 3), (7, 5)), ((3,), (6,))]
 
 
-def run_replays(install: bool):
+def _v2_spec_info():
+    """The synthetic draft-extend input sglang's capture uses (uniform Q tokens per request)."""
+    from sglang.srt.speculative import eagle_info
+
+    cls = getattr(eagle_info, "EagleDraftExtendInput", None)
+    if cls is None:
+        pytest.skip("this sglang has no EagleDraftExtendInput (DRAFT_EXTEND_V2 graph input)")
+    n = len(PREFIX)
+    return cls(num_accept_tokens=torch.full((n,), Q, dtype=torch.int32), num_accept_tokens_cpu=[Q] * n,
+               num_tokens_per_req=Q)
+
+
+def _v2_on_decode() -> bool:
+    return bool(routing.routes_v2_to_decode(target_class(xqa.CLASS).forward_extend))
+
+
+# TARGET_VERIFY everywhere; DRAFT_EXTEND_V2 where the release routes it to the decode kernel
+# (0.5.14+; the hook shows it as TARGET_VERIFY there).
+MODES = ["TARGET_VERIFY", "DRAFT_EXTEND_V2"]
+
+
+def run_replays(install: bool, mode: str = "TARGET_VERIFY"):
     bench = routing.extend_bench(num_draft_tokens=Q, prefix_lens=PREFIX)
     backend, layers = bench.backend, bench.layers
     backend.is_xqa_impl = True
     # Rows 2 and 3: the requests' tokens in another order (other page tables, same pools).
     testbed.fill_requests(bench.req_to_token, [bench.tokens[1].flip(0), bench.tokens[0].flip(0)], first_row=2)
-    batch = bench.batch("TARGET_VERIFY", [Q] * len(PREFIX))
+    batch = bench.batch(mode, [Q] * len(PREFIX))
+    # seq_lens: before the drafts for TARGET_VERIFY, after the extension for DRAFT_EXTEND_V2.
+    extra = 0 if mode == "TARGET_VERIFY" else Q
+    if mode != "TARGET_VERIFY":
+        batch.spec_info = _v2_spec_info()
     heads = layers[0].tp_q_head_num * layers[0].head_dim
     # As a model hands it over: a view of its fused qkv projection, rows strided by q+k+v.
     q = torch.randn(batch.input_ids.shape[0], 2 * heads, dtype=torch.bfloat16)[:, :heads]
@@ -109,7 +134,7 @@ def run_replays(install: bool):
         with graph.capture():
             _forward(backend, batch, layers, q)
         for rows, prefix_lens in REPLAYS:
-            prepare_replay(backend, batch, Q, rows, prefix_lens)
+            prepare_replay(backend, batch, Q, rows, [p + extra for p in prefix_lens])
             calls.clear()
             graph.replay()
             decode = [c for c in calls if c.kernel == "decode"]
@@ -118,8 +143,11 @@ def run_replays(install: bool):
 
 
 @pytest.mark.skipif(xqa.FIX.detect().verdict is not Verdict.NEEDED, reason="this sglang passes the mask itself")
-def test_every_replay_gets_the_current_requests_windowed_rows():
-    bench, graph, results = run_replays(install=True)
+@pytest.mark.parametrize("mode", MODES)
+def test_every_replay_gets_the_current_requests_windowed_rows(mode):
+    if mode != "TARGET_VERIFY" and not _v2_on_decode():
+        pytest.skip("this sglang sends DRAFT_EXTEND_V2 to the context kernel")
+    bench, graph, results = run_replays(install=True, mode=mode)
     assert graph.syncs == [], f"host-device sync inside the captured pass: {graph.syncs}"
     for rows, prefix_lens, decode in results:
         sliding = [c for c in decode if c.window_left >= 0]

@@ -2,10 +2,9 @@
 
 Our logger (``sglang.srt.plugins.swa_plugin``) has no handler of its own: lines propagate
 to the handlers sglang configures, with its format and rank prefix (``[time TP0] ...``).
-sglang's plugin loader runs before ``configure_logger`` in each scheduler process (and the
-0.5.10 start-up hook fires while the scheduler module is being imported): lines emitted
-before any handler exists are held back and emitted, once, right after sglang's
-``configure_logger`` has run (or, should it never run, at interpreter exit).
+sglang's plugin loader runs before ``configure_logger`` in each scheduler process: lines
+emitted before logging is set up to show them are held back and emitted, once, right after
+sglang's ``configure_logger`` has run (or, should it never run, at interpreter exit).
 """
 
 from __future__ import annotations
@@ -25,7 +24,9 @@ _at_exit = False
 
 
 def _configured() -> bool:
-    return logger.hasHandlers()
+    """Logging is set up to show our INFO lines (a handler set up at import time at the
+    default WARNING level, as some sglang releases have, does not count)."""
+    return logger.hasHandlers() and logger.isEnabledFor(logging.INFO)
 
 
 def emit(level: int, msg: str, *args: Any) -> None:

@@ -8,12 +8,13 @@ import re
 
 from helpers import BUILTIN_NAMES, HAS_PLUGIN_FRAMEWORK, child_json, run_child
 
-# What a scheduler process does, in its order: import the scheduler module (on 0.5.10 this
-# imports the model runner, where the start-up hook loads the plugin), load_plugins()
-# (0.5.11+), then configure_logger(server_args, prefix=" TP3") through the scheduler
-# module's own binding. No logging is configured before.
+# What a scheduler process does, in its order: import the scheduler module, load_plugins()
+# (0.5.11+; on 0.5.10 the start-up hook loads the plugin when the model runner is imported,
+# here before logging is configured too), then configure_logger(server_args, prefix=" TP3")
+# through the scheduler module's own binding. No logging is configured before.
 SCHEDULER_LIKE = """
 import sglang.srt.managers.scheduler as scheduler
+import sglang.srt.model_executor.model_runner
 {load}
 from sglang_swa_plugin import testbed
 server_args = testbed.make_server_args(testbed._tiny_model_dir("gpt_oss"), publish=False, log_level="info")

@@ -1,9 +1,11 @@
 """Test matrix: one session per sglang release, each a fresh env with that release's REAL
 wheel (installed --no-deps) plus only what its imports need on a CPU-only machine.
 
-    nox -t ci                      # the CI selection (where fix statuses flip, and the latest)
-    nox -s "tests(sglang='0.5.12')" # one version
-    nox -s demo                    # build a 0.5.11 env and show doctor + check in it
+    nox -t ci                # the CI selection (where fix statuses flip, and the latest)
+    nox -s "tests(0.5.12)"   # one version
+    nox -s demo              # build a 0.5.11 env and show doctor + check in it
+
+nox runs under any Python; the sessions need a Python 3.11 interpreter on PATH.
 """
 
 from __future__ import annotations

@@ -62,9 +62,9 @@ def _translate_page_tables(original, self, metadata, metadata_expand, *args, **k
 
     full_a, full_b = metadata.page_table, metadata_expand.page_table
     translate = self.token_to_kv_pool.translate_loc_from_full_to_swa
-    metadata.page_table = translate(full_a).to(torch.int32)
-    metadata_expand.page_table = translate(full_b).to(torch.int32)
-    try:
+    try:  # both assignments inside: a failing translation never leaves one table translated
+        metadata.page_table = translate(full_a).to(torch.int32)
+        metadata_expand.page_table = translate(full_b).to(torch.int32)
         return original(self, metadata, metadata_expand, *args, **kwargs)
     finally:
         metadata.page_table, metadata_expand.page_table = full_a, full_b
@@ -235,6 +235,8 @@ class FA3SpecTranslateFix(Fix):
     upstream_prs = ("#24617",)
     targets = (TARGET,)
     target_params = {TARGET: ("self", "metadata", "metadata_expand")}
+    scenario_summary = ("EAGLE3 topk=2 TARGET_VERIFY metadata on a real FA3 backend over diverged full/SWA pools: "
+                        "does the SWA spec page-table kernel get SWA-space int32 page tables")
 
     def detect(self) -> Detection:
         mod = optional_module(MODULE)

@@ -390,8 +390,9 @@ def scenario() -> dict:
     """Per real view: whether, inside it, the SWA layer of a real FROZEN_KV draft backend
     reads its pages in SWA space (inside the SWA pool)."""
     utils = optional_module(UTILS)
-    if utils is None or optional_module(TRTLLM) is None:
-        raise ScenarioUnavailable("this sglang has no FROZEN_KV MTP / trtllm_mha backend")
+    for name, mod in ((UTILS, utils), (TRTLLM, utils and optional_module(TRTLLM))):
+        if mod is None:
+            raise ScenarioUnavailable(f"this sglang has no module {name}")
     from sglang_swa_plugin import testbed
 
     try:
@@ -410,6 +411,8 @@ class FrozenKVViewsFix(Fix):
     name = "frozen_kv_views"
     summary = "FROZEN_KV MTP views and graph capture keep the draft backend's SWA state in step with the swapped-in target pool"
     upstream_prs = ("fork PR#6", "#26531", "#26966", "#27491")
+    scenario_summary = ("a real FROZEN_KV MTP draft backend (trtllm_mha) inside each real target-KV view: does its "
+                        "SWA layer read SWA-space pages inside the SWA pool")
 
     @property
     def targets(self):  # the capture method was renamed in 0.5.14

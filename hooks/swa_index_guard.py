@@ -266,6 +266,8 @@ class SwaIndexGuard(Fix):
         FA3_DECODE: ("self", "q", "k", "v", "layer", "forward_batch"),
     }
     opt_in = "guard"
+    scenario_summary = ("trtllm_mha decode whose SWA page table holds full-pool indices beyond the SWA pool: "
+                        "is it stopped with a named error before the kernel")
 
     def detect(self) -> Detection:
         found = present_backends()
@@ -359,7 +361,7 @@ def scenario() -> dict:
     (what seed 002 did on fa3): ``caught`` when the guard stopped the table before it
     could reach the kernel, with the guard's message."""
     if optional_module(TRT_MODULE) is None:
-        raise ScenarioUnavailable("this sglang has no trtllm_mha backend")
+        raise ScenarioUnavailable(f"this sglang has no module {TRT_MODULE}")
     bench = decode_bench("trtllm_mha")
     meta = trtllm_metadata(bench)
     meta.swa_page_table = meta.page_table  # the index-space mix-up

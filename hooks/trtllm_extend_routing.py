@@ -373,6 +373,8 @@ class TrtllmExtendRoutingFix(Fix):
     upstream_prs = ("#24566", "#24856", "#25002", "#28241")
     targets = (TARGET,)
     target_params = {TARGET: ("self", "q", "k", "v", "layer", "forward_batch")}
+    scenario_summary = ("a DRAFT_EXTEND_V2 step (2 requests x 3 draft tokens) on a real trtllm_mha backend, kernels "
+                        "recorded: does a ragged batch reach the decode kernel")
 
     def detect(self) -> Detection:
         if optional_module(MODULE) is None:

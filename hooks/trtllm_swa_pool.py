@@ -228,6 +228,9 @@ class TrtllmSwaPoolFix(Fix):
     upstream_prs = ("#25103", "#26966", "#27491")
     targets = (INIT,)
     target_params = {INIT: ("self", "model_runner")}
+    scenario_summary = ("real trtllm_mha backends (target, EAGLE draft steps and draft extend, FROZEN_KV draft "
+                        "where present) built by sglang over diverged full/SWA pools: does each resolve the "
+                        "SWA pool upstream's final rule gives")
 
     def detect(self) -> Detection:
         if optional_module(MODULE) is None:

@@ -393,6 +393,8 @@ class TrtllmXqaSpecDecodeFix(Fix):
     name = "trtllm_xqa_spec_decode"
     summary = "trtllm_mha on XQA (sm90/sm120): multi-token decode calls get a bf16 query and the spec-decode mask"
     upstream_prs = ("#32269", "flashinfer #4137", "#28241")
+    scenario_summary = ("TARGET_VERIFY and DRAFT_EXTEND_V2 (2 requests x 3 tokens) on a real trtllm_mha backend set "
+                        "up as on XQA hardware with an FP8 KV cache, kernels recorded: does XQA get a mask and a bf16 query?")
     targets = (TARGET,)
     target_params = {TARGET: ("self", "q", "k", "v", "layer", "forward_batch")}
 

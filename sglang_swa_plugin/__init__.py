@@ -8,8 +8,14 @@ __version__ = "0.1.0"
 
 def register() -> None:
     """Called by sglang's ``load_plugins()``. Idempotent, cheap, never raises."""
-    from .core import register as _register
+    try:
+        from .core import register as _register
+    except Exception:  # noqa: BLE001 - e.g. a dependency missing: sglang must still start
+        import logging
 
+        logging.getLogger("sglang.srt.plugins.swa_plugin").exception(
+            "sglang-swa-plugin: cannot load the plugin; nothing is installed")
+        return
     _register("entry point")
 
 

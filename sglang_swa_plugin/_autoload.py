@@ -20,6 +20,7 @@ TRIGGER = "sglang.srt.model_executor.model_runner"
 
 
 def _activate() -> None:
+    """Apply the plugin; whatever goes wrong is logged, never raised into sglang's import."""
     import importlib.util
 
     try:
@@ -27,9 +28,15 @@ def _activate() -> None:
             return  # sglang's own loader will call register() through the entry point
     except Exception:  # noqa: BLE001
         return
-    from sglang_swa_plugin.core import register
+    try:
+        from sglang_swa_plugin.core import register
 
-    register("start-up hook")
+        register("start-up hook")
+    except Exception:  # noqa: BLE001 - e.g. a dependency missing: the scheduler must still start
+        import logging
+
+        logging.getLogger("sglang.srt.plugins.swa_plugin").exception(
+            "sglang-swa-plugin: the start-up hook could not load the plugin; nothing is installed")
 
 
 class _Finder:
@@ -41,7 +48,10 @@ class _Finder:
         sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
         import importlib.util
 
-        spec = importlib.util.find_spec(fullname)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        except Exception:  # noqa: BLE001 - let the import system report it as usual
+            return None
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         exec_module = spec.loader.exec_module

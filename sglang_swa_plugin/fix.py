@@ -82,6 +82,14 @@ class TargetMissing(LookupError):
     def __init__(self, target: str, why: str = "not found"):
         super().__init__(f"{target}: {why}")
         self.target = target
+        self.why = why
+
+    def reason(self) -> str:
+        """The status reason: a target that is gone has moved; one whose module fails to
+        import says so."""
+        if self.why.startswith("cannot import"):
+            return f"{self.target}: {self.why}"
+        return f"target moved: {self.target}"
 
 
 class ScenarioUnavailable(RuntimeError):
@@ -121,6 +129,8 @@ class Fix:
     # Name of a boolean Config field that must be on for this fix to be considered at all
     # (e.g. "guard" for the opt-in index guard); None: always considered.
     opt_in: Optional[str] = None
+    # One line: what ``reproduce`` builds and checks (shown by ``check``).
+    scenario_summary: str = ""
 
     def detect(self) -> Detection:
         """Decide from the installed code's structure or behaviour (never from a
@@ -140,6 +150,19 @@ class Fix:
     def has_scenario(self) -> bool:
         return type(self).reproduce is not Fix.reproduce
 
+    def scenario_description(self) -> str:
+        """``scenario_summary``, else the first sentence of the fix module's ``scenario()``
+        docstring, as one plain line ("" where there is no scenario)."""
+        if not self.has_scenario():
+            return ""
+        if self.scenario_summary:
+            return self.scenario_summary
+        import sys
+
+        doc = getattr(getattr(sys.modules.get(type(self).__module__), "scenario", None), "__doc__", None) or ""
+        text = " ".join(doc.replace("``", "").split())
+        return text.split(". ")[0].rstrip(".")
+
     def __repr__(self) -> str:
         return f"<fix {self.name}>"
 
@@ -153,6 +176,8 @@ def resolve(target: str) -> Any:
         return pkgutil.resolve_name(target)
     except (ImportError, AttributeError, ValueError) as e:
         raise TargetMissing(target, f"{type(e).__name__}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a module that fails to import (e.g. a CUDA-only binary)
+        raise TargetMissing(target, f"cannot import: {type(e).__name__}: {e}") from None
 
 
 def split_target(target: str) -> "tuple[Any, str]":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import sys
 import types
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from .fix import Hooks, TargetMissing, split_target
 
@@ -43,35 +43,72 @@ def _raw(owner: Any, attr: str) -> Any:
     return getattr(owner, attr)
 
 
-def marked_by(obj: Any) -> Optional[str]:
-    """Name of the fix whose wrapper ``obj`` is (looking through wrapper chains)."""
+def _own_mark(obj: Any) -> Optional[str]:
+    return getattr(obj, MARK, None) if not isinstance(obj, type) else obj.__dict__.get(MARK)
+
+
+def marks(obj: Any) -> List[str]:
+    """Names of the fixes whose wrappers are along ``obj``'s wrapper chain, outermost first."""
+    out: List[str] = []
     seen = 0
     while obj is not None and seen < 16:
         if isinstance(obj, (staticmethod, classmethod)):
             obj = obj.__func__
-        name = getattr(obj, MARK, None) if not isinstance(obj, type) else obj.__dict__.get(MARK)
+        name = _own_mark(obj)
         if name:
-            return name
+            out.append(name)
         # HookRegistry's wrappers keep our hook in their closure.
         for cell in getattr(obj, "__closure__", None) or ():
             try:
                 v = cell.cell_contents
             except ValueError:
                 continue
-            n = getattr(v, MARK, None) if not isinstance(v, type) else v.__dict__.get(MARK)
+            n = _own_mark(v)
             if n and callable(v):
-                return n
+                out.append(n)
         obj = getattr(obj, "__wrapped__", None)
         seen += 1
-    return None
+    return list(dict.fromkeys(out))
 
 
-def target_marked_by(target: str) -> Optional[str]:
+def marked_by(obj: Any) -> Optional[str]:
+    """Name of the (outermost) fix whose wrapper ``obj`` is (looking through wrapper chains)."""
+    found = marks(obj)
+    return found[0] if found else None
+
+
+def target_marks(target: str) -> List[str]:
+    """Our fixes whose wrappers the target carries now ([] where it cannot be resolved)."""
     try:
         owner, attr = split_target(target)
     except TargetMissing:
-        return None
-    return marked_by(_raw(owner, attr))
+        return []
+    return marks(_raw(owner, attr))
+
+
+def target_marked_by(target: str) -> Optional[str]:
+    found = target_marks(target)
+    return found[0] if found else None
+
+
+def original_at(target: str) -> Any:
+    """What the target holds before we hook it (the function behind a static/class method)."""
+    owner, attr = split_target(target)
+    raw = _raw(owner, attr)
+    return raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+
+
+def module_bindings() -> Iterator[Tuple[str, types.ModuleType, str, Any]]:
+    """(module name, module, attribute name, value) of every loaded module's globals."""
+    for modname, mod in list(sys.modules.items()):
+        if not isinstance(mod, types.ModuleType):
+            continue
+        try:
+            items = list(vars(mod).items())
+        except TypeError:
+            continue
+        for name, value in items:
+            yield modname, mod, name, value
 
 
 def _around_wrapper(original: Callable, fn: Callable, fix_name: str) -> Callable:
@@ -93,6 +130,7 @@ class DirectHooks(Hooks):
         self.fix_name = fix_name
         self._undo: List[Tuple[Any, str, Any, bool]] = []
         self.installed: List[str] = []
+        self.originals: Dict[str, Any] = {}
 
     def _set(self, target: str, make: Callable[[Any], Any]) -> None:
         owner, attr = split_target(target)
@@ -101,25 +139,24 @@ class DirectHooks(Hooks):
         kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
         original = raw.__func__ if kind else getattr(owner, attr)
         new = make(original)
+        self.originals.setdefault(target, original)
         setattr(owner, attr, kind(new) if kind else new)
         self._undo.append((owner, attr, raw, own))
         # Rebind stale module-level copies (from X import Y), as HookRegistry does.
         if isinstance(original, (type, types.FunctionType)):
-            for mod in list(sys.modules.values()):
-                if not isinstance(mod, types.ModuleType) or mod is owner:
-                    continue
-                try:
-                    items = list(vars(mod).items())
-                except TypeError:
-                    continue
-                for name, value in items:
-                    if value is original:
-                        setattr(mod, name, new)
-                        self._undo.append((mod, name, original, True))
+            for _, mod, name, value in module_bindings():
+                if value is original and mod is not owner:
+                    setattr(mod, name, new)
+                    self._undo.append((mod, name, original, True))
         self.installed.append(target)
 
     def around(self, target: str, fn: Callable[..., Any]) -> None:
-        self._set(target, lambda original: _around_wrapper(original, fn, self.fix_name))
+        def make(original):
+            if isinstance(original, type):  # as HookRegistry: wrapping a class breaks isinstance
+                raise TypeError(f"{target} is a class: only replace() can hook it")
+            return _around_wrapper(original, fn, self.fix_name)
+
+        self._set(target, make)
 
     def replace(self, target: str, obj: Any) -> None:
         self._set(target, lambda original: mark(obj, self.fix_name))
@@ -132,6 +169,7 @@ class DirectHooks(Hooks):
                 delattr(owner, attr)  # it was inherited: drop our override
         self._undo.clear()
         self.installed.clear()
+        self.originals.clear()
 
 
 class RegistryHooks(Hooks):
@@ -145,6 +183,7 @@ class RegistryHooks(Hooks):
         self.fix_name = fix_name
         self.registry, self.hook_type = hook_registry()
         self.installed: List[str] = []
+        self.originals: Dict[str, Any] = {}
 
     def _register(self, target: str, hook: Any, kind: Any) -> None:
         split_target(target)  # raises TargetMissing now rather than failing silently later
@@ -154,6 +193,7 @@ class RegistryHooks(Hooks):
             return  # already registered by an earlier register() in this process
         if target in self.registry._patched:
             raise TargetMissing(target, "already patched by HookRegistry before this fix registered")
+        self.originals[target] = original_at(target)
         self.registry.register(target, hook, kind)
         self.installed.append(target)
 

@@ -13,15 +13,21 @@ from types import ModuleType
 from typing import Any, Iterator, Optional
 
 
+class ImportFailed(ImportError):
+    """A module exists but fails to import (e.g. a CUDA-only binary on a CPU machine)."""
+
+
 def optional_module(name: str) -> Optional[ModuleType]:
     """The module, or None when it does not exist in this sglang (feature absent).
-    Other import errors propagate: a module that exists but fails is not 'absent'."""
+    A module that exists but fails to import is not 'absent': ImportFailed names it."""
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as e:
         if e.name and (name == e.name or name.startswith(e.name + ".")):
             return None
-        raise
+        raise ImportFailed(f"cannot import {name}: {type(e).__name__}: {e}") from e
+    except Exception as e:  # noqa: BLE001
+        raise ImportFailed(f"cannot import {name}: {type(e).__name__}: {e}") from e
 
 
 def target_class(dotted: str) -> type:

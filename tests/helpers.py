@@ -48,11 +48,12 @@ logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="LOG|%(name)s|
 """
 
 
-def run_child(code: str, timeout: int = 240, **env: str) -> subprocess.CompletedProcess:
+def run_child(code: str, timeout: int = 240, *, prelude: bool = True, **env: str) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter (as sglang starts a scheduler process: a new
-    process that imports sglang and calls load_plugins())."""
+    process that imports sglang and calls load_plugins()). ``prelude``: logging configured
+    first, in the LOG|name|level|message format that ``plugin_log_lines`` reads."""
     proc = subprocess.run(
-        [sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
+        [sys.executable, "-c", (PRELUDE if prelude else "import json\n") + textwrap.dedent(code)],
         env=child_env(**env),
         capture_output=True,
         text=True,
@@ -93,6 +94,87 @@ def without_fix(cls, attr: str, fix_name: str = None):
         return
     with swapped(cls, attr, fn):
         yield
+
+
+# ------------------------------------------------------------------ plugin loading in a child
+
+LOAD = """
+from sglang.srt.plugins import load_plugins
+load_plugins()
+import sglang_swa_plugin
+print("RESULT=" + json.dumps(sglang_swa_plugin.status()))
+"""
+
+
+def builtin_names() -> list:
+    from sglang_swa_plugin.core import load_fixes
+
+    return sorted(f.name for f, src in load_fixes() if src == "builtin")
+
+
+BUILTIN_NAMES = builtin_names()
+
+
+THIRD_PARTY_MODULE = '''
+from sglang_swa_plugin.fix import Fix, Detection, hookimpl
+
+CALLS = []
+
+def _around(original, *args, **kwargs):
+    CALLS.append(1)
+    return original(*args, **kwargs)
+
+class ThirdPartyFix(Fix):
+    name = "acme_demo_fix"
+    summary = "a third-party fix used by the tests"
+    upstream_prs = ("#0",)
+    targets = (TARGET,)
+    def detect(self):
+        return Detection.needed("always, for the test")
+    def install(self, hooks):
+        hooks.around(self.targets[0], _around)
+
+FIX = ThirdPartyFix()
+
+@hookimpl
+def sglang_swa_plugin_fixes():
+    return [FIX]
+'''
+
+REAL_TARGET = "sglang.srt.mem_cache.swa_memory_pool.SWAKVPool.translate_loc_from_full_to_swa"
+MOVED_TARGET = "sglang.srt.mem_cache.swa_memory_pool.SWAKVPool.method_that_moved_away"
+
+
+def third_party_dist(tmp_path, target=REAL_TARGET, extra: str = ""):
+    """An installed-looking distribution (dist-info with an entry point) on PYTHONPATH."""
+    (tmp_path / "acme_swa_fix.py").write_text(f"TARGET = {target!r}\n" + THIRD_PARTY_MODULE + extra)
+    di = tmp_path / "acme_swa_fix-0.1.dist-info"
+    di.mkdir()
+    (di / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-swa-fix\nVersion: 0.1\n")
+    (di / "entry_points.txt").write_text("[sglang_swa_plugin.fixes]\nacme = acme_swa_fix\n")
+    return str(tmp_path)
+
+
+def release_of(text: str) -> tuple:
+    """(major, minor, micro) of a version string, parsed with ``packaging``: an rc, dev or
+    local version such as 0.5.12rc1 or 0.5.13.dev4+gabc is its release."""
+    from packaging.version import Version
+
+    return (tuple(Version(text).release) + (0, 0, 0))[:3]
+
+
+def sglang_release() -> tuple:
+    """The installed sglang's release as (major, minor, micro)."""
+    from importlib.metadata import version
+
+    return release_of(version("sglang"))
+
+
+def run_cli(*args: str, tmp_path, env: dict = None, python_args=()) -> subprocess.CompletedProcess:
+    """``sglang-swa-plugin ARGS`` in a fresh interpreter, outside the source tree."""
+    return subprocess.run([sys.executable, *python_args, "-m", "sglang_swa_plugin.cli", *args],
+                          capture_output=True, text=True, timeout=400, cwd=str(tmp_path),
+                          env=child_env() if env is None else env)
 
 
 def report_json(filename: str, name: str, data: dict) -> None:

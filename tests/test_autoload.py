@@ -8,7 +8,8 @@ import os
 import subprocess
 import sys
 
-from helpers import HAS_PLUGIN_FRAMEWORK, child_env, child_json, needs_framework, no_framework_only, run_child
+from helpers import child_env, child_json, needs_framework, no_framework_only
+from helpers import plugin_log_lines, run_child
 
 # The scheduler is started with multiprocessing's spawn context: a brand-new interpreter
 # that imports sglang and builds the model runner. Do the same, with no import of ours.
@@ -76,3 +77,31 @@ print("RESULT=" + json.dumps(sglang_swa_plugin.status()))
     assert st["loaded_via"] == "entry point"
     executed = [l for l in proc.stderr.splitlines() if "Executed general plugin: swa_plugin" in l]
     assert len(executed) == 1
+
+
+@no_framework_only
+def test_a_plugin_that_cannot_load_never_breaks_the_model_runner_import():
+    """pluggy missing: the start-up hook logs why, and sglang's model runner imports."""
+    code = """
+sys.modules["pluggy"] = None  # as if it were not installed
+import sglang.srt.model_executor.model_runner
+print("RESULT=" + json.dumps("imported"))
+"""
+    proc = run_child(code)
+    assert child_json(proc) == "imported"
+    errors = [line for line in plugin_log_lines(proc) if "|ERROR|" in line]
+    assert len(errors) == 1 and "could not load the plugin" in errors[0], proc.stderr[-3000:]
+
+
+def test_off_switch_imports_no_sglang_module():
+    code = """
+before = set(sys.modules)
+import sglang_swa_plugin
+from sglang_swa_plugin.core import register
+register("test")
+st = sglang_swa_plugin.status()
+new = sorted(m for m in set(sys.modules) - before if m.split(".")[0] == "sglang")
+print("RESULT=" + json.dumps([new, sorted({r["status"] for r in st["fixes"].values()})]))
+"""
+    new, statuses = child_json(run_child(code, SGLANG_SWA_PLUGIN="0"))
+    assert new == [] and statuses == ["disabled"], (new, statuses)

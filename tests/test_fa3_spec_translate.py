@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
-from importlib.metadata import version
 from types import SimpleNamespace
 
 import pytest
@@ -33,12 +32,12 @@ from sglang_swa_plugin.hooks import fa3_spec_translate as fa3
 from sglang_swa_plugin.patching import DirectHooks
 from sglang_swa_plugin.probe import swapped
 
-from helpers import without_fix
+from helpers import sglang_release, without_fix
 
 FIX = fa3.FIX
 MOD = importlib.import_module(fa3.MODULE)
 BACKEND = MOD.FlashAttentionBackend
-SGLANG = tuple(int(x) for x in version("sglang").split(".")[:3])
+SGLANG = sglang_release()
 UPSTREAM_FIXED = SGLANG >= (0, 5, 12)  # #24617
 SWA_LAYER = 0  # gpt_oss-like testbed model: layers 0 and 2 slide
 
@@ -231,6 +230,23 @@ def test_adds_two_gathers_on_the_topk_gt1_swa_path_only(plugin):
 
     topk1 = fa3.verify_bench(topk=1)
     assert fa3.kernel_inputs(MOD, lambda: topk1.backend.init_forward_metadata(topk1.batch)) is None
+
+
+def test_a_failing_translation_leaves_both_page_tables_as_they_were():
+    """The draft table holds an index past the pool (the real translation raises): neither
+    table stays translated, and the error reaches the caller."""
+    bench = fa3.verify_bench()
+    run_verify(bench)
+    md, expand = bench.backend.forward_metadata, bench.backend.forward_metadata_spec_decode_expand
+    full_a = md.page_table
+    expand.page_table = expand.page_table.clone()
+    expand.page_table[0, 0] = 1 << 20  # beyond the full-to-SWA mapping
+    full_b = expand.page_table
+    with sglang_alone():
+        original = getattr(BACKEND, fa3.METHOD)
+    with pytest.raises(IndexError):
+        fa3._translate_page_tables(original, bench.backend, md, expand)
+    assert md.page_table is full_a and expand.page_table is full_b
 
 
 # ------------------------------------------------------------------ the check scenario

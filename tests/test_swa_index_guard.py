@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from importlib.metadata import version
 
 import pytest
 import torch
@@ -27,7 +26,7 @@ import torch
 # runner module is imported, as in a server process: make that happen before anything else.
 import sglang.srt.model_executor.model_runner  # noqa: F401,E402
 
-from helpers import HAS_PLUGIN_FRAMEWORK, child_json, run_child, without_fix
+from helpers import HAS_PLUGIN_FRAMEWORK, child_json, run_child, sglang_release, without_fix
 
 from sglang_swa_plugin import config
 from sglang_swa_plugin.core import APPLIED, DISABLED, PROBLEMS, decide, load_fixes, temporarily_installed
@@ -41,7 +40,7 @@ FIX = guard.FIX
 FA3 = importlib.import_module(guard.FA3_MODULE)
 FA3_FORM = guard.fa3_kernel_form(FA3.FlashAttentionBackend)
 TRT = importlib.import_module(guard.TRT_MODULE)
-SGLANG = tuple(int(x) for x in version("sglang").split(".")[:3])
+SGLANG = sglang_release()
 CACHE_LOC_TAKES_BATCH = "forward_batch" in guard.normalized_source(TRT.TRTLLMHAAttnBackend._get_layer_cache_loc)
 ALL_TARGETS = (*FIX.targets, guard.FA3_KERNEL) if FA3_FORM == "module" else tuple(FIX.targets)
 SWA_POOL_PAGES = 17  # 16 SWA slots + the padding slot, page_size 1

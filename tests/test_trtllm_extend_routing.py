@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import textwrap
-from importlib.metadata import version
 from types import SimpleNamespace
 
 import pytest
@@ -25,10 +24,10 @@ from sglang_swa_plugin.hooks import trtllm_extend_routing as routing
 from sglang_swa_plugin.patching import DirectHooks, target_marked_by
 from sglang_swa_plugin.probe import swapped
 
-from helpers import without_fix
+from helpers import sglang_release, without_fix
 
 FIX = routing.FIX
-SGLANG = tuple(int(x) for x in version("sglang").split(".")[:3])
+SGLANG = sglang_release()
 ROUTES_V2_TO_DECODE = SGLANG >= (0, 5, 14)  # #28241
 UNIFORM_V2_GRAPH_METADATA = SGLANG >= (0, 5, 13)  # #25002
 NUM_DRAFT = 3

@@ -18,7 +18,6 @@ import contextlib
 import importlib
 import importlib.util
 import inspect
-from importlib.metadata import version
 from types import SimpleNamespace
 
 import pytest
@@ -30,7 +29,7 @@ import sglang.srt.model_executor.model_runner  # noqa: F401,E402
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-from helpers import HAS_PLUGIN_FRAMEWORK, child_json, run_child, without_fix
+from helpers import HAS_PLUGIN_FRAMEWORK, child_json, run_child, sglang_release, without_fix
 
 from sglang_swa_plugin import config, testbed as tb
 from sglang_swa_plugin.core import temporarily_installed
@@ -170,15 +169,11 @@ def problems(backend, want, where=""):
 # ---------------------------------------------------------------------------- detection
 
 
-def _release():
-    return tuple(int(x) for x in version("sglang").split(".")[:3] if x.isdigit())
-
-
 def test_detection_follows_the_installed_code():
     # Structure: no resolver (allocator-type form) -> needed; the #27491 resolver -> not needed.
     assert DETECTION.verdict is (Verdict.NOT_NEEDED if HAS_RESOLVER else Verdict.NEEDED), DETECTION
     # Documented releases (the matrix): the bug is in 0.5.10-0.5.12, fixed from 0.5.13.
-    rel = _release()
+    rel = sglang_release()
     if len(rel) == 3 and (0, 5, 10) <= rel:
         assert NEEDED is (rel < (0, 5, 13)), (rel, DETECTION)
 

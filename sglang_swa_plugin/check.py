@@ -1,0 +1,93 @@
+"""``sglang-swa-plugin check``: per fix, its CPU reproduction on the installed sglang's real
+classes, once without and once with the plugin as this environment configures it."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from . import config as _config
+from .core import load_fixes, safe_detect, temporarily_installed
+from .doctor import _sglang_version
+from .fix import Fix, ScenarioUnavailable, Verdict
+
+
+def _off_reason(fix: Fix, cfg: _config.Config) -> Optional[str]:
+    """Why the plugin, as configured here, would not install ``fix`` (None: it would)."""
+    if not cfg.enabled:
+        return f"plugin off ({_config.ENABLE}={cfg.raw.get(_config.ENABLE)})"
+    if fix.opt_in and not getattr(cfg, fix.opt_in, False):
+        return f"opt-in, off: {_config.opt_in_variable(fix.opt_in)}=1 turns it on"
+    if not cfg.selected(fix.name):
+        return f"not selected by {_config.FIXES}={cfg.raw.get(_config.FIXES)}"
+    return None
+
+
+def check_row(fix: Fix, cfg: _config.Config) -> dict:
+    """``reproduced_without``: the bug shows on stock sglang. ``fixed_with``: with the plugin as
+    configured here the scenario is correct (None where the plugin installs nothing for this
+    fix: not needed, or off). ``fixed_if_on``: the same with the fix turned on (off fixes)."""
+    det = safe_detect(fix)
+    off = _off_reason(fix, cfg)
+    row = {"fix": fix.name, "detection": det.verdict.value, "scenario": fix.scenario_description(),
+           "reproduced_without": None, "fixed_with": None, "fixed_if_on": None, "note": ""}
+    if off and fix.opt_in:
+        row["detection"] = "opt-in, off"
+    if not fix.has_scenario():
+        row["note"] = "no CPU scenario for this fix yet"
+        return row
+    try:
+        bug = row["reproduced_without"] = bool(fix.reproduce())
+        if det.verdict is Verdict.NEEDED:
+            with temporarily_installed(fix):
+                corrected = not fix.reproduce()
+            row["fixed_if_on" if off else "fixed_with"] = corrected
+            row["note"] = off or ""
+        elif bug:  # detection says nothing to do, yet the bug shows: the plugin leaves it
+            row["fixed_with"] = False
+            row["note"] = f"detection says {det.verdict.value} ({det.reason}), but the bug reproduces"
+        else:
+            row["note"] = f"{det.verdict.value}: {det.reason}"
+    except ScenarioUnavailable as e:
+        row["note"] = f"scenario unavailable: {e}"
+    except Exception as e:  # noqa: BLE001
+        row["note"] = f"scenario failed: {type(e).__name__}: {e}"
+        row["fixed_with"] = False
+    return row
+
+
+def check_report() -> dict:
+    cfg = _config.parse()
+    rows = [check_row(fix, cfg) for fix, _source in load_fixes()]
+    ok = all(r["fixed_with"] is not False and r["fixed_if_on"] is not False for r in rows)
+    return {"sglang_version": _sglang_version(), "rows": rows, "ok": ok}
+
+
+def _yn(v) -> str:
+    return "-" if v is None else ("yes" if v else "no")
+
+
+def _with_plugin(r: dict) -> str:
+    if r["fixed_if_on"] is not None:
+        return f"off ({_yn(r['fixed_if_on'])} if on)"
+    return _yn(r["fixed_with"])
+
+
+def print_check(rep: dict) -> None:
+    print(f"sglang {rep['sglang_version']}: CPU reproductions on the installed sglang's real classes")
+    hdr = ("fix", "detection", "bug without plugin", "fixed with plugin", "note")
+    rows = [(r["fix"], r["detection"], _yn(r["reproduced_without"]), _with_plugin(r), r["note"]) for r in rep["rows"]]
+    widths = [max(len(str(x[i])) for x in rows + [hdr]) for i in range(4)]
+
+    def line(x):
+        return "  ".join(str(v).ljust(widths[i]) if i < 4 else str(v) for i, v in enumerate(x)).rstrip()
+
+    print(line(hdr))
+    for r, shown in zip(rep["rows"], rows):
+        print(line(shown))
+        if r["scenario"]:
+            print(" " * (widths[0] + 2) + "scenario: " + r["scenario"])
+    if not rows:
+        print("(no fixes registered)")
+    elif not any(r["reproduced_without"] is not None for r in rep["rows"]):
+        print("No CPU scenario exists yet for the registered fixes.")
+    print("OK" if rep["ok"] else "PROBLEM: a fix did not correct its scenario")

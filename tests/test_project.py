@@ -1,0 +1,62 @@
+"""What a new user meets first: the LICENSE the metadata promises, the command line's help
+and version, README commands that run as written, versions parsed with ``packaging``."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from importlib.metadata import distribution
+
+import pytest
+
+from helpers import HERE, release_of, run_cli
+
+import sglang_swa_plugin
+
+REPO = HERE.parent
+
+
+def test_the_apache_license_is_shipped():
+    text = (REPO / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
+    meta = distribution("sglang-swa-plugin")
+    shipped = [f for f in meta.files or () if f.name == "LICENSE"]
+    assert shipped and "Apache License" in shipped[0].read_text(), meta.files
+
+
+def test_version_and_help_are_plain(tmp_path):
+    proc = run_cli("--version", tmp_path=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"sglang-swa-plugin {sglang_swa_plugin.__version__}"
+    top = run_cli("--help", tmp_path=tmp_path).stdout
+    assert "``" not in top and "doctor" in top and "check" in top and "--version" in top, top
+    for cmd in ("doctor", "check"):
+        text = run_cli(cmd, "--help", tmp_path=tmp_path).stdout
+        assert re.search(r"--json\s+print the report as JSON", text), text
+
+
+def _nox_commands(text: str) -> list:
+    return re.findall(r'nox -s "([^"]+)"', text)
+
+
+def test_readme_and_noxfile_name_sessions_that_exist():
+    nox = shutil.which("nox")
+    if nox is None:
+        pytest.skip("nox is not on PATH")
+    listed = subprocess.run([nox, "--list", "--json", "-f", str(REPO / "noxfile.py")], capture_output=True,
+                            text=True, timeout=120, cwd=str(REPO))
+    sessions = {s["session"] for s in json.loads(listed.stdout)} | {s["name"] for s in json.loads(listed.stdout)}
+    named = _nox_commands((REPO / "README.md").read_text()) + _nox_commands((REPO / "noxfile.py").read_text())
+    assert len(named) >= 3, named
+    for name in named:
+        assert name in sessions, (name, sorted(sessions))
+
+
+def test_versions_parse_with_packaging():
+    assert release_of("0.5.12rc1") == (0, 5, 12)
+    assert release_of("0.5.13.dev4+gabc1234") == (0, 5, 13)
+    assert release_of("0.6") == (0, 6, 0)
+    crude = re.compile(r"""version\(["']sglang["']\)\.split""")
+    offenders = [p.name for p in (REPO / "tests").rglob("*.py") if crude.search(p.read_text())]
+    assert not offenders, f"parse sglang's version with helpers.sglang_release(): {offenders}"

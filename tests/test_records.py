@@ -1,5 +1,6 @@
 """The records stay true: README's "What it fixes" table says for each release what the fix's
-detection decides on that release's real code (each matrix env checks its own column), it
+detection decides on that release's real code (each matrix env checks its own column) and
+what the module record's "Affected versions" says (no release, or the releases it names), it
 lists exactly the built-in fixes, and no module record cites sglang line numbers (they move
 with every commit; records name functions and branches)."""
 
@@ -40,6 +41,19 @@ def expected_status(cell: str, minor: int) -> str:
     return next(s for s in ("not applicable", "not needed", "applied") if cell.startswith(s))
 
 
+def affected_section(module) -> str:
+    doc = importlib.import_module(module).__doc__
+    return re.split(r"\n(?:Detection|Delete when)\n", doc.split("\nAffected versions\n", 1)[1])[0]
+
+
+def named_releases(text: str) -> set:
+    """Minor numbers of the 0.5.x releases a text names, one by one or as ranges a-b."""
+    out = set()
+    for a, b in re.findall(r"0\.5\.(\d+)(?:\s*-\s*0\.5\.(\d+))?", text):
+        out.update(range(int(a), int(b or a) + 1))
+    return out
+
+
 def _release_minor():
     parts = version("sglang").split(".")
     return int(parts[2]) if parts[:2] == ["0", "5"] and parts[2].isdigit() else None
@@ -59,6 +73,16 @@ def test_readme_column_of_this_release_is_what_detection_says(module):
     cell = row.get(f"0.5.{minor}") or row["0.5.14+"]
     det = importlib.import_module(module).FIX.detect()
     assert STATUS.get(det.verdict) == expected_status(cell, minor), (name, cell, det)
+
+
+@pytest.mark.parametrize("module", [m for m in BUILTIN_MODULES if m.rsplit(".", 1)[1] not in OPT_IN])
+def test_readme_row_agrees_with_the_module_record(module):
+    row = fixes_table()[module.rsplit(".", 1)[1]]
+    applied = {int(col.split(".")[2].rstrip("+")) for col, cell in row.items()
+               if col.startswith("0.5.") and cell.startswith("applied")}
+    record = affected_section(module)
+    assert record.lstrip().startswith("No release") == (not applied), (row, record)
+    assert applied <= named_releases(record), (applied, record)
 
 
 def test_records_cite_no_line_numbers():

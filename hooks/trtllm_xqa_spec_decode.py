@@ -11,7 +11,8 @@ Bug
     every mode but TARGET_VERIFY (0.5.14 ``force_fp8=not is_target_verify()``, 0.5.15-0.5.21
     ``not self.is_xqa_impl or not is_target_verify()``), so DRAFT_EXTEND_V2 with an FP8 KV
     cache hands XQA an FP8 query. 0.5.21 passes its mask for TARGET_VERIFY only. 0.5.22 keys
-    both choices on "uses the decode kernel" (``uses_decode_kernel``, L1629-1640, L1740).
+    both choices on "uses the decode kernel" (``uses_decode_kernel``: the mask choice and the
+    FP8-query test in ``forward_extend``).
     So with trtllm_mha for decode on Hopper and ``--speculative-attention-mode decode`` (or
     ``--speculative-draft-attention-backend trtllm_mha``) the first verify or draft-extend step
     fails. Loud, never wrong numbers; seen on an H100 with flashinfer's real XQA kernel
@@ -357,22 +358,49 @@ def classify(cls: type) -> Detection:
 # ---------------------------------------------------------------------------- CPU scenario
 
 
+class _Sm90:
+    """A platform answering sm90 (XQA hardware); everything else from the real one."""
+
+    is_sm90, is_sm120 = True, False
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def _as_xqa_hardware(xqa: bool):
+    """For the block, the backend module's hardware query (``get_platform()``, or
+    ``is_sm90_supported()`` in older code) answers sm90, so that the release's own
+    ``__init__`` sets itself up for XQA, building its own spec-decode mask where it has one."""
+    import contextlib
+    import importlib
+
+    mod = importlib.import_module(MODULE)
+    stack = contextlib.ExitStack()
+    if xqa and hasattr(mod, "get_platform"):
+        real = mod.get_platform
+        stack.enter_context(swapped(mod, "get_platform", lambda: _Sm90(real())))
+    elif xqa and hasattr(mod, "is_sm90_supported"):
+        stack.enter_context(swapped(mod, "is_sm90_supported", lambda *a, **k: True))
+    return stack
+
+
 def scenario(xqa: bool = True) -> List[routing.KernelCall]:
     """TARGET_VERIFY and DRAFT_EXTEND_V2 (2 requests x 3 tokens, uniform) through a real
-    trtllm_mha backend set up as on XQA hardware (``is_xqa_impl``, and the mask that 0.5.21+
-    build in ``__init__`` there) with an FP8 KV dtype, kernels recorded. ``xqa=False``: the
-    same backend as on Blackwell."""
+    trtllm_mha backend built as on XQA hardware (the release's own ``__init__`` on sm90: its
+    ``is_xqa_impl`` and, in 0.5.21+, its own spec-decode mask) with an FP8 KV dtype, kernels
+    recorded. ``xqa=False``: the same backend as on Blackwell."""
     import torch
     from sglang_swa_plugin import testbed
 
     try:
-        bench = routing.extend_bench()
+        with _as_xqa_hardware(xqa):
+            bench = routing.extend_bench()
         backend = bench.backend
         backend.is_xqa_impl = xqa
         backend.data_type = torch.float8_e4m3fn
-        if xqa and getattr(backend, "_xqa_spec_dec_mask", False) is None and backend.speculative_num_draft_tokens:
-            # What the release's __init__ builds on XQA hardware (0.5.21+), which CPU is not.
-            backend._xqa_spec_dec_mask = spec_decode_mask(backend.speculative_num_draft_tokens, 8)
         calls = routing.record_extend(bench.backend, bench.batch("TARGET_VERIFY", [3, 3]), bench.layers)
         return calls + routing.record_extend(bench.backend, bench.batch("DRAFT_EXTEND_V2", [3, 3]), bench.layers)
     except testbed.Unavailable as e:

@@ -35,6 +35,40 @@ needs_framework = pytest.mark.skipif(not HAS_PLUGIN_FRAMEWORK, reason="this sgla
 no_framework_only = pytest.mark.skipif(HAS_PLUGIN_FRAMEWORK, reason="this sglang has a plugin framework")
 
 
+def main_window_snapshot():
+    """"S1".."S4" where the installed sglang is one of the upstream main commits that nox's
+    ``mainwindow`` session installs (tests/main_window.py), else None."""
+    from importlib.metadata import version
+
+    from main_window import snapshot_of
+
+    return snapshot_of(version("sglang"))
+
+
+def snapshot_carries(fix_name: str):
+    """The upstream form of ``fix_name``'s bug that the installed main commit carries
+    ("#25103", ...), or None (not a snapshot, or one without that bug)."""
+    from main_window import SNAPSHOTS
+
+    snap = main_window_snapshot()
+    return SNAPSHOTS[snap][2].get(fix_name) if snap else None
+
+
+@contextlib.contextmanager
+def fix_in_effect(fix):
+    """``fix`` in effect for the block where the installed sglang needs it: installed (and
+    undone after) unless something (the 0.5.10 start-up hook) installed it already."""
+    from sglang_swa_plugin.core import temporarily_installed
+    from sglang_swa_plugin.fix import Verdict
+    from sglang_swa_plugin.patching import target_marked_by
+
+    if fix.detect().verdict is Verdict.NEEDED and not any(target_marked_by(t) == fix.name for t in fix.targets):
+        with temporarily_installed(fix):
+            yield
+    else:
+        yield
+
+
 def child_env(**extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_SWA_PLUGIN") and k != "SGLANG_PLUGINS"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in [str(SHIMS), extra.pop("PYTHONPATH", "")] if p)

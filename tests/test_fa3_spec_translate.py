@@ -32,13 +32,14 @@ from sglang_swa_plugin.hooks import fa3_spec_translate as fa3
 from sglang_swa_plugin.patching import DirectHooks
 from sglang_swa_plugin.probe import swapped
 
-from helpers import sglang_release, without_fix
+from helpers import main_window_snapshot, sglang_release, snapshot_carries, without_fix
 
 FIX = fa3.FIX
 MOD = importlib.import_module(fa3.MODULE)
 BACKEND = MOD.FlashAttentionBackend
 SGLANG = sglang_release()
-UPSTREAM_FIXED = SGLANG >= (0, 5, 12)  # #24617
+# #24617: from 0.5.12; on upstream main commits (tests/main_window.py) by what the commit carries.
+UPSTREAM_FIXED = snapshot_carries(FIX.name) is None if main_window_snapshot() else SGLANG >= (0, 5, 12)
 SWA_LAYER = 0  # gpt_oss-like testbed model: layers 0 and 2 slide
 
 

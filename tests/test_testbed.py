@@ -12,8 +12,9 @@ import importlib.util
 import pytest
 import torch
 
-from helpers import child_json, run_child
+from helpers import child_json, fix_in_effect, run_child
 from sglang_swa_plugin import testbed as tb
+from sglang_swa_plugin.hooks.trtllm_swa_pool import FIX as SWA_POOL_FIX
 
 TRTLLM = "sglang.srt.layers.attention.trtllm_mha_backend"
 FA = "sglang.srt.layers.attention.flashattention_backend"
@@ -138,9 +139,10 @@ def test_trtllm_backend_uses_the_patched_class(target, monkeypatch):
 
 def test_trtllm_draft_backends(swa, draft):
     backend_cls = _cls(TRTLLM, "TRTLLMHAAttnBackend")
-    backend = tb.build_trtllm_backend(draft, skip_prefill=False)
+    with fix_in_effect(SWA_POOL_FIX):  # the final rule (stock 0.5.10-0.5.12 give it swa[0]: bug 001)
+        backend = tb.build_trtllm_backend(draft, skip_prefill=False)
     assert isinstance(backend, backend_cls)
-    assert backend._swa_kv_pool in (None, swa[0])  # which one is the 001 bug, not the testbed's
+    assert backend._swa_kv_pool is None  # an EAGLE draft's own full-only pool
     multi = tb.build_trtllm_multistep_draft_backend(draft, topk=1, num_steps=3)
     assert isinstance(multi, _cls(TRTLLM, "TRTLLMHAAttnMultiStepDraftBackend"))
     assert len(multi.attn_backends) == 2
@@ -256,9 +258,10 @@ def test_frozen_kv_draft_runner(swa):
         return
     runner = tb.make_model_runner(**kwargs)
     assert runner.spec_algorithm.is_frozen_kv_mtp()
-    backend = tb.build_trtllm_backend(runner)
+    with fix_in_effect(SWA_POOL_FIX):  # the final rule (#25103's form gives it None)
+        backend = tb.build_trtllm_backend(runner)
     assert isinstance(backend, _cls(TRTLLM, "TRTLLMHAAttnBackend"))
-    assert backend._swa_kv_pool in (None, pool)
+    assert backend._swa_kv_pool is pool  # the target's SWA pool, read through the shared allocator
 
 
 # ----------------------------------------------------------------------------- import hygiene

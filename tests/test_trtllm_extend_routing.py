@@ -1,17 +1,17 @@
 """trtllm_extend_routing: which flashinfer kernel ``TRTLLMHAAttnBackend.forward_extend`` runs,
 and with what, for EXTEND, TARGET_VERIFY and DRAFT_EXTEND_V2 (uniform and ragged), on a real
 backend over diverged full/SWA pools with the two flashinfer entry points replaced by
-recorders; #24566's routing rebuilt on the real class (detected, corrected); the released
-routing left alone.
+recorders; #24566's routing on upstream main's own code (nox -s "mainwindow(S3)": detected,
+corrected); the released routing left alone.
 
 Which release routes how is the research map (../shared/research/sglang-versions.md §3.4):
-the tests pick their expectations by release, the fix never does."""
+the tests pick their expectations by release (or by the main commit installed, see
+tests/main_window.py), the fix never does."""
 
 from __future__ import annotations
 
 import contextlib
 import inspect
-import textwrap
 from types import SimpleNamespace
 
 import pytest
@@ -24,12 +24,17 @@ from sglang_swa_plugin.hooks import trtllm_extend_routing as routing
 from sglang_swa_plugin.patching import DirectHooks, target_marked_by
 from sglang_swa_plugin.probe import swapped
 
-from helpers import sglang_release, without_fix
+from helpers import main_window_snapshot, sglang_release, snapshot_carries, without_fix
 
 FIX = routing.FIX
 SGLANG = sglang_release()
-ROUTES_V2_TO_DECODE = SGLANG >= (0, 5, 14)  # #28241
-UNIFORM_V2_GRAPH_METADATA = SGLANG >= (0, 5, 13)  # #25002
+SNAPSHOT = main_window_snapshot()
+BUG_24566 = snapshot_carries(FIX.name) == "#24566"  # main between #24566 and #24856 (S3)
+if SNAPSHOT:  # main commits route V2 as #24566 (S3) or as #24856 (the others); #25002 is not pinned
+    ROUTES_V2_TO_DECODE, UNIFORM_V2_GRAPH_METADATA = BUG_24566, None
+else:
+    ROUTES_V2_TO_DECODE = SGLANG >= (0, 5, 14)  # #28241
+    UNIFORM_V2_GRAPH_METADATA = SGLANG >= (0, 5, 13)  # #25002
 NUM_DRAFT = 3
 PREFIX = (4, 6)
 
@@ -119,11 +124,13 @@ def test_ragged_draft_extend_v2(bench):
     check_page_tables(bench, calls)
 
 
+@pytest.mark.skipif(BUG_24566, reason="this sglang carries #24566's bug")
 def test_released_routing_is_left_alone(bench):
     det = FIX.detect()
     assert det.verdict is Verdict.NOT_NEEDED, det
     assert ("uniform" in det.reason) == ROUTES_V2_TO_DECODE, det.reason
-    assert routing.uniform_v2_metadata(type(bench.backend)) == UNIFORM_V2_GRAPH_METADATA
+    if UNIFORM_V2_GRAPH_METADATA is not None:
+        assert routing.uniform_v2_metadata(type(bench.backend)) == UNIFORM_V2_GRAPH_METADATA
     trial = []
     rec = decide(FIX, "builtin", parse(), lambda name: trial.append(DirectHooks(name)) or trial[-1])
     assert rec.status == "not needed" and not trial and target_marked_by(routing.TARGET) != FIX.name
@@ -137,78 +144,24 @@ def test_forward_extend_signature_matches_the_hook():
     assert params[: len(FIX.target_params[routing.TARGET])] == list(FIX.target_params[routing.TARGET])
 
 
-# ------------------------------------------------------------------ #24566 rebuilt
-
-ROUTING_24856 = "if forward_batch.forward_mode.is_target_verify():"
-ROUTING_24566 = ("if forward_batch.forward_mode.is_target_verify() "
-                 "or forward_batch.forward_mode.is_draft_extend_v2():")
+# ------------------------------------------------------------------ #24566 on main
 
 
-def rebuilt_24566(cls, tmp_path):
-    """The installed forward_extend with #24566's routing condition (seed 004: "the compound
-    condition is_target_verify() or is_draft_extend_v2()"), compiled into the backend
-    module's namespace from a real file, so that its source can be read like sglang's."""
-    import __future__
-
-    fn = inspect.unwrap(cls.__dict__["forward_extend"])
-    src = textwrap.dedent(inspect.getsource(fn))
-    assert src.count(ROUTING_24856) == 1
-    path = tmp_path / "forward_extend_24566.py"
-    path.write_text(src.replace(ROUTING_24856, ROUTING_24566))
-    code = compile(path.read_text(), str(path), "exec", flags=__future__.annotations.compiler_flag, dont_inherit=True)
-    ns = {}
-    exec(code, inspect.getmodule(cls).__dict__, ns)
-    return ns["forward_extend"]
-
-
-@pytest.mark.skipif(UNIFORM_V2_GRAPH_METADATA, reason="#25002 is here: #24566's routing on it is #28241's design "
-                    "(rebuilt on 0.5.13 below; 0.5.14+ ship it)")
-def test_rebuilt_24566_is_detected_and_corrected(bench, tmp_path):
-    cls = type(bench.backend)
-    with swapped(cls, "forward_extend", rebuilt_24566(cls, tmp_path)):
-        det = FIX.detect()
-        assert det.verdict is Verdict.NEEDED, det
-        # The bug: requests that accepted 1 and 3 tokens reach the decode kernel as
-        # q_len_per_req=3 over 4 query rows (it would infer 1 request, not 2).
-        calls = record(bench, "DRAFT_EXTEND_V2", [1, 3])
-        assert [c.kernel for c in calls] == ["decode", "decode"] and all(c.breaks_decode_contract() for c in calls)
-        assert FIX.reproduce()
-        with temporarily_installed(FIX):
-            assert target_marked_by(routing.TARGET) == FIX.name
-            assert_fixed_routing(bench)
-            assert not FIX.reproduce()
-        assert target_marked_by(routing.TARGET) is None
-
-
-@pytest.mark.skipif(ROUTES_V2_TO_DECODE or not UNIFORM_V2_GRAPH_METADATA,
-                    reason="needs the #24856 routing on #25002's uniform metadata (0.5.13)")
-def test_rebuilt_routing_on_uniform_metadata_is_not_needed(bench, tmp_path):
-    """0.5.13 + #24566's condition is what 0.5.14 shipped (#28241): not needed, decode kernel kept."""
-    cls = type(bench.backend)
-    with swapped(cls, "forward_extend", rebuilt_24566(cls, tmp_path)):
-        det = FIX.detect()
-        assert det.verdict is Verdict.NOT_NEEDED and "uniform" in det.reason, det
-        assert_decode(record(bench, "DRAFT_EXTEND_V2", [NUM_DRAFT] * 2), NUM_DRAFT, [7, 9])
-        assert not FIX.reproduce()
-
-
-def _apply_cuda_graph_metadata(self, bs, req_pool_indices, seq_lens, forward_mode, spec_info):
-    """Pre-#25002 CUDA-graph metadata (0.5.12's draft-extend replay text): the query offsets
-    are the accepted lengths. Only its source is read (by detection); it never runs."""
-    if forward_mode.is_draft_extend_v2():
-        metadata = self.draft_extend_metadata[bs]
-        extend_lens = spec_info.num_accept_tokens[:bs]
-        metadata.max_seq_len_q = max(spec_info.num_accept_tokens_cpu)
-        metadata.cu_seqlens_q[1:].copy_(torch.cumsum(extend_lens, dim=0, dtype=torch.int32))
-        self.forward_metadata = metadata
-
-
-@pytest.mark.skipif(not ROUTES_V2_TO_DECODE, reason="this release routes DRAFT_EXTEND_V2 to the context kernel")
-def test_decode_routing_without_uniform_metadata_is_needed(bench):
-    """This release's routing on pre-#25002 (ragged) CUDA-graph metadata: #24566's bug."""
-    with swapped(type(bench.backend), "_apply_cuda_graph_metadata", _apply_cuda_graph_metadata):
-        det = FIX.detect()
+@pytest.mark.skipif(not BUG_24566, reason="needs main between #24566 and #24856 (nox -s \"mainwindow(S3)\")")
+def test_24566_is_detected_and_corrected(bench):
+    """Upstream main's own #24566 routing, on its ragged (pre-#25002) draft-extend metadata."""
+    det = FIX.detect()
     assert det.verdict is Verdict.NEEDED and "#24566" in det.reason, det
+    # The bug: requests that accepted 1 and 3 tokens reach the decode kernel as
+    # q_len_per_req=3 over 4 query rows (it would infer 1 request, not 2).
+    calls = record(bench, "DRAFT_EXTEND_V2", [1, 3])
+    assert [c.kernel for c in calls] == ["decode", "decode"] and all(c.breaks_decode_contract() for c in calls)
+    assert FIX.reproduce()
+    with temporarily_installed(FIX):
+        assert target_marked_by(routing.TARGET) == FIX.name
+        assert_fixed_routing(bench)
+        assert not FIX.reproduce()
+    assert target_marked_by(routing.TARGET) is None
 
 
 def test_installed_fix_runs_draft_extend_v2_on_the_context_kernel(bench):
@@ -263,6 +216,8 @@ def test_query_dtype_reaching_the_decode_kernel_on_xqa_with_fp8_kv(bench):
     a bf16 one from 0.5.22; TARGET_VERIFY keeps a bf16 query from 0.5.14 (0.5.10-0.5.13 cast
     every extend query to FP8). The releases' own behaviour: trtllm_xqa_spec_decode, which
     changes it, is peeled off where the 0.5.10 start-up hook installed it."""
+    if SNAPSHOT:
+        pytest.skip("pins the releases' query dtypes")
     backend = bench.backend
     mod = inspect.getmodule(type(backend))
     saved = backend.is_xqa_impl, backend.data_type

@@ -29,7 +29,7 @@ import sglang.srt.model_executor.model_runner  # noqa: F401,E402
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-from helpers import HAS_PLUGIN_FRAMEWORK, child_json, run_child, sglang_release, without_fix
+from helpers import HAS_PLUGIN_FRAMEWORK, child_json, main_window_snapshot, run_child, sglang_release, snapshot_carries, without_fix
 
 from sglang_swa_plugin import config, testbed as tb
 from sglang_swa_plugin.core import temporarily_installed
@@ -48,6 +48,9 @@ HAS_FROZEN_KV = "FROZEN_KV_MTP" in SpeculativeAlgorithm.__members__
 HAS_RESOLVER = own_function(Backend, mod.RESOLVER) is not None
 # In the allocator form (0.5.10-0.5.12) the SWA guards read the flag; later they read the pool.
 FLAG_IS_GUARD = "use_sliding_window_kv_pool" in normalized_source(Backend._alloc_swa_page_table)
+# The form of the bug in the installed code: "allocator" (0.5.10-0.5.12), "#25103" or "#26966"
+# (upstream main commits, tests/main_window.py), None (the final rule, #27491).
+FORM = snapshot_carries(FIX.name) if main_window_snapshot() else ("allocator" if NEEDED else None)
 SWA_LAYER, FULL_LAYER = 0, 1  # testbed's hybrid model: even layers sliding, odd layers full
 
 
@@ -170,8 +173,10 @@ def problems(backend, want, where=""):
 
 
 def test_detection_follows_the_installed_code():
-    # Structure: no resolver (allocator-type form) -> needed; the #27491 resolver -> not needed.
-    assert DETECTION.verdict is (Verdict.NOT_NEEDED if HAS_RESOLVER else Verdict.NEEDED), DETECTION
+    assert DETECTION.verdict is (Verdict.NEEDED if FORM else Verdict.NOT_NEEDED), (FORM, DETECTION)
+    if not main_window_snapshot():
+        # Releases: no resolver (allocator-type form) -> needed; the #27491 resolver -> not needed.
+        assert DETECTION.verdict is (Verdict.NOT_NEEDED if HAS_RESOLVER else Verdict.NEEDED), DETECTION
     # Documented releases (the matrix): the bug is in 0.5.10-0.5.12, fixed from 0.5.13.
     rel = sglang_release()
     if len(rel) == 3 and (0, 5, 10) <= rel:
@@ -179,8 +184,8 @@ def test_detection_follows_the_installed_code():
 
 
 def test_resolver_probe_tells_the_final_rule():
-    if not HAS_RESOLVER:
-        pytest.skip("this sglang has no _resolve_swa_kv_pool (allocator-type form)")
+    if not HAS_RESOLVER or FORM:
+        pytest.skip(f"this sglang has no resolver of the final rule ({DETECTION.reason})")
     got = mod.probe_resolver(own_function(Backend, mod.RESOLVER))
     assert got == {"target": True, "eagle_draft": False, **({"frozen_kv_draft": True} if HAS_FROZEN_KV else {})}
 
@@ -309,8 +314,8 @@ def test_swa_layers_get_indices_of_the_resolved_pool():
 
 def test_stock_allocator_form_gives_the_eagle_draft_the_wrong_pool():
     """The bug itself, plugin not installed: the scenarios above can see it."""
-    if HAS_RESOLVER or not NEEDED:
-        pytest.skip(f"fixed upstream in this sglang ({DETECTION.reason})")
+    if FORM != "allocator":
+        pytest.skip(f"not the allocator-type form here ({DETECTION.reason})")
     w = make_world()
     draft, _ = make_runner(w, "eagle_draft")
     loc = tb.alloc_tokens(w.allocator, 2)
@@ -353,8 +358,8 @@ def test_mtp_draft_with_its_own_swa_pool(sglang_code):
     its sliding layer gets SWA-space cache locations and page table and reads its own SWA
     buffer. The allocator's pool is the target's, whose layer 0 is full attention: stock
     0.5.10-0.5.12 resolve that one and hand the draft's sliding layer full-pool indices."""
-    if sglang_code == "stock" and (HAS_RESOLVER or not NEEDED):
-        pytest.skip(f"fixed upstream in this sglang ({DETECTION.reason})")
+    if sglang_code == "stock" and FORM not in ("allocator", "#26966"):
+        pytest.skip(f"this sglang resolves the draft's own SWA pool ({DETECTION.reason})")
     w = _mtp_world()
     assert not torch.equal(w.swa_rows, w.full_rows), "index spaces must diverge for this test to mean anything"
     with (fix_applied() if sglang_code == "with_fix" else stock_sglang()):
@@ -370,98 +375,31 @@ def test_mtp_draft_with_its_own_swa_pool(sglang_code):
         assert torch.equal(cache_loc, w.loc) and torch.equal(page_table, w.full_rows)
 
 
-# ---------------------------------------------------------------------------- buggy forms from main
+# ---------------------------------------------------------------------------- forms from main
 
 
-def _seed_resolvers():
-    swa_cls = trt.SWAKVPool
+@pytest.mark.skipif(FORM not in ("#25103", "#26966"), reason="no main-only form here (nox -s mainwindow: S1, S2, S4)")
+def test_form_from_main_is_detected_and_corrected():
+    """Upstream main's own code carrying #25103 (pool type only) or #26966 (allocator only):
+    detected by name, its bug shown on stock sglang, corrected by the fix."""
+    det = FIX.detect()
+    assert det.verdict is Verdict.NEEDED and FORM in det.reason, det
+    w = make_world()
+    runners = {c: make_runner(w, c) for c in ("target", "eagle_draft") + (("frozen_kv_draft",) if HAS_FROZEN_KV else ())}
 
-    def resolve_25103(model_runner):
-        # PR #25103: pool type only.
-        kv_pool = model_runner.token_to_kv_pool
-        return kv_pool if isinstance(kv_pool, swa_cls) else None
+    def resolved(case):
+        return [b._swa_kv_pool for b in build_backends(runners[case][0], case).values()]
 
-    def resolve_26966(model_runner):
-        # PR #26966 as merged: allocator only, defensive getattr.
-        allocator = model_runner.token_to_kv_pool_allocator
-        get_kvcache = getattr(allocator, "get_kvcache", None)
-        kvcache = get_kvcache() if get_kvcache is not None else None
-        return kvcache if isinstance(kvcache, swa_cls) else None
-
-    return {"#25103": resolve_25103, "#26966": resolve_26966}
-
-
-@contextlib.contextmanager
-def buggy_form(form):
-    """The real class carrying a form that existed on main, patched for the block.
-
-    With a resolver in the class (0.5.13+) the seed's resolver replaces it. Without one
-    (0.5.10-0.5.12), #25103 is its inline ``__init__`` tail and #26966 its resolver plus
-    the ``__init__`` line that uses it; both run after the real constructor."""
-    resolver = _seed_resolvers()[form]
     with stock_sglang():
-        real_init = Backend.__init__
-    SWAKVPool = trt.SWAKVPool  # noqa: N806 - the name the seed text uses
-
-    def init_25103(self, model_runner, *args, **kwargs):
-        real_init(self, model_runner, *args, **kwargs)
-        kv_pool = model_runner.token_to_kv_pool
-        self.use_sliding_window_kv_pool = isinstance(kv_pool, SWAKVPool)
-        self._swa_kv_pool = kv_pool if self.use_sliding_window_kv_pool else None
-
-    def init_26966(self, model_runner, *args, **kwargs):
-        real_init(self, model_runner, *args, **kwargs)
-        self._swa_kv_pool = self._resolve_swa_kv_pool(model_runner)
-        self.use_sliding_window_kv_pool = self._swa_kv_pool is not None  # the guards of this form
-
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(stock_sglang())
-        if HAS_RESOLVER or form == "#26966":
-            stack.enter_context(swapped(Backend, mod.RESOLVER, staticmethod(resolver)))
-        if not HAS_RESOLVER:
-            stack.enter_context(swapped(Backend, "__init__", init_25103 if form == "#25103" else init_26966))
-        yield
-
-
-@pytest.mark.parametrize("form", ("#25103", "#26966"))
-def test_buggy_forms_from_main_are_detected_and_corrected(form):
-    with buggy_form(form):
-        det = FIX.detect()
-        assert det.verdict is Verdict.NEEDED and form in det.reason, det
-        w = make_world()
-        runners = {c: make_runner(w, c) for c in ("target", "eagle_draft") + (("frozen_kv_draft",) if HAS_FROZEN_KV else ())}
-
-        def resolved(case):
-            runner = runners[case][0]
-            return [b._swa_kv_pool for b in build_backends(runner, case).values()]
-
-        # Without the fix the form shows its own bug.
-        if form == "#26966":
+        if FORM == "#26966":  # the EAGLE draft takes the target's SWA pool
             assert all(p is w.swa_pool for p in resolved("eagle_draft"))
-        elif HAS_FROZEN_KV:
-            assert all(p is None for p in resolved("frozen_kv_draft"))
-        with fix_applied(needed=True):
-            for case, (runner, want) in runners.items():
-                found = [p for where, backend in build_backends(runner, case).items()
-                         for p in problems(backend, want, f"{form}/{case}/{where}")]
-                assert not found, "\n".join(found)
-
-
-def test_stacked_seed_fixes_are_not_taken_for_the_final_rule():
-    """A constructor testing both pool and allocator type is not recognised as fixed."""
-    if HAS_RESOLVER:
-        pytest.skip("classified by its resolver here")
-    with stock_sglang():
-        real_init = Backend.__init__
-    SWAKVPool, SWATokenToKVPoolAllocator = tb.swa_classes().SWAKVPool, tb.swa_classes().SWATokenToKVPoolAllocator  # noqa: N806
-
-    def init_stacked(self, model_runner, *args, **kwargs):
-        real_init(self, model_runner, *args, **kwargs)
-        kv_pool, allocator = model_runner.token_to_kv_pool, model_runner.token_to_kv_pool_allocator
-        self.use_sliding_window_kv_pool = isinstance(kv_pool, SWAKVPool) or isinstance(allocator, SWATokenToKVPoolAllocator)
-
-    with swapped(Backend, "__init__", init_stacked):
-        assert FIX.detect().verdict is Verdict.UNKNOWN
+        else:  # the FROZEN_KV draft gets none
+            assert HAS_FROZEN_KV and all(p is None for p in resolved("frozen_kv_draft"))
+    with fix_applied():
+        for case, (runner, want) in runners.items():
+            found = [p for where, backend in build_backends(runner, case).items()
+                     for p in problems(backend, want, f"{FORM}/{case}/{where}")]
+            assert not found, "\n".join(found)
 
 
 # ---------------------------------------------------------------------------- installation
@@ -524,4 +462,5 @@ def test_real_loading_path(enabled):
         assert res["drafts_swa"] and not any(res["drafts_swa"])
     else:
         assert res["fix"]["status"] == "disabled"
-        assert all(res["drafts_swa"])  # stock sglang: the bug
+        # Stock sglang: the bug (#25103's pool-type rule gets EAGLE drafts right, FROZEN_KV ones wrong).
+        assert all(res["drafts_swa"]) if FORM != "#25103" else not any(res["drafts_swa"])

@@ -26,12 +26,15 @@ from sglang_swa_plugin.hooks import trtllm_xqa_spec_decode as xqa
 from sglang_swa_plugin.patching import target_marked_by
 from sglang_swa_plugin.probe import target_class
 
-from helpers import sglang_release, without_fix
+from helpers import main_window_snapshot, sglang_release, snapshot_carries, without_fix
 
 FIX = xqa.FIX
 SGLANG = sglang_release()
-V2_ON_DECODE = SGLANG >= (0, 5, 14)  # #28241
-FIXED_UPSTREAM = SGLANG >= (0, 5, 22)
+if main_window_snapshot():  # main of May-June 2026 (tests/main_window.py): before #32269; V2 to decode by #24566
+    V2_ON_DECODE, FIXED_UPSTREAM = snapshot_carries("trtllm_extend_routing") == "#24566", False
+else:
+    V2_ON_DECODE = SGLANG >= (0, 5, 14)  # #28241
+    FIXED_UPSTREAM = SGLANG >= (0, 5, 22)
 
 
 def stock():
@@ -60,12 +63,15 @@ def test_without_the_fix_xqa_gets_what_it_refuses():
         calls = xqa.scenario()
     decode = [c for c in calls if c.kernel == "decode"]
     assert xqa.broken(calls)
-    assert all(c.q_len_per_req == 3 and c.mask is None for c in decode)
+    assert all(c.q_len_per_req == 3 for c in decode)
+    # 0.5.21 (#32269) passes its own mask to TARGET_VERIFY (the first two calls) only.
+    masked = [c.mask is not None for c in decode]
+    assert masked == ([True, True, False, False] if SGLANG == (0, 5, 21) else [False] * len(decode)), masked
     fp8 = [c for c in decode if c.q_dtype == torch.float8_e4m3fn]
-    if V2_ON_DECODE:  # TARGET_VERIFY keeps bf16, DRAFT_EXTEND_V2 gets FP8 (0.5.14-0.5.21)
+    if V2_ON_DECODE and not main_window_snapshot():  # TARGET_VERIFY keeps bf16, DRAFT_EXTEND_V2 gets FP8 (0.5.14-0.5.21)
         assert len(decode) == 4 and len(fp8) == 2
-    else:  # only TARGET_VERIFY reaches the decode kernel, with the query cast to FP8
-        assert len(decode) == 2 and len(fp8) == 2
+    else:  # every decode-kernel query cast to FP8 (0.5.10-0.5.13; main of May-June 2026, V2 there with #24566)
+        assert len(decode) == (4 if V2_ON_DECODE else 2) and len(fp8) == len(decode)
 
 
 @pytest.mark.skipif(FIXED_UPSTREAM, reason="nothing to install on 0.5.22+")

@@ -4,19 +4,17 @@ Our logger (``sglang.srt.plugins.swa_plugin``) has no handler of its own: lines 
 to the handlers sglang configures, with its format and rank prefix (``[time TP0] ...``).
 sglang's plugin loader runs before ``configure_logger`` in each scheduler process: lines
 emitted before logging is set up to show them are held back and emitted, once, right after
-sglang's ``configure_logger`` has run (or, should it never run, at interpreter exit).
+logging is configured (sglang's ``configure_logger`` calls ``logging.basicConfig``), or,
+should that never happen, at interpreter exit.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
-import sys
 from typing import Any, List, Tuple
 
 logger = logging.getLogger("sglang.srt.plugins.swa_plugin")
-
-CONFIGURE_LOGGER = "sglang.srt.utils.common.configure_logger"
 
 _pending: List[Tuple[int, str, Tuple[Any, ...]]] = []
 _hooked = False
@@ -49,26 +47,47 @@ def flush() -> None:
         logger.log(level, msg, *args)
 
 
-def _flush_after(original, *args, **kwargs):
-    """Around ``configure_logger``: emit the held-back lines through the handlers it set."""
-    try:
-        return original(*args, **kwargs)
-    finally:
-        flush()
+def _flushing(owner: Any, name: str, original: Any) -> Any:
+    """``original`` (a logging set-up function), then the held-back lines (at the level the
+    set-up chose: ``--log-level warning`` still shows an ERROR line); the first such call puts
+    every original back (unless someone wrapped ours since)."""
+
+    def configure(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if logger.hasHandlers():  # configured now, at the level the operator chose
+                _unhook()
+                flush()
+
+    configure.__wrapped__ = original
+    return configure
+
+
+_wrapped: List[Tuple[Any, str, Any]] = []
+
+
+def _unhook() -> None:
+    for owner, name, wrapper in _wrapped:
+        if getattr(owner, name, None) is wrapper:
+            setattr(owner, name, wrapper.__wrapped__)
+    _wrapped.clear()
 
 
 def hook_configure_logger() -> None:
-    """Before sglang has configured logging, have the held-back lines emitted when it does. Imports nothing:
-    only a ``configure_logger`` already loaded (sglang's plugin loader and model runner both
-    load it) is hooked, once per process, directly (in effect at once, whether or not sglang
-    applies plugin hooks later; other hooks on it wrap ours)."""
-    from .patching import DirectHooks
+    """Before logging is configured, have the held-back lines emitted when it is. sglang's
+    ``configure_logger`` (every process, after the plugin loader) sets logging up through
+    ``logging.basicConfig(force=True)``, or ``logging.config.dictConfig`` with
+    ``SGLANG_LOGGING_CONFIG_PATH``: both are wrapped, once per process, until the first call
+    that makes our lines show. Attribute swaps on two stdlib modules: nothing is scanned and
+    nothing of sglang is imported or patched."""
+    import logging.config
 
     global _hooked
-    if _hooked or _configured() or CONFIGURE_LOGGER.rpartition(".")[0] not in sys.modules:
+    if _hooked or _configured():
         return
     _hooked = True
-    try:
-        DirectHooks("log").around(CONFIGURE_LOGGER, _flush_after)
-    except Exception as e:  # noqa: BLE001 - the lines still come at exit
-        emit(logging.WARNING, "sglang-swa-plugin: cannot hook %s (%s): start-up lines come at exit", CONFIGURE_LOGGER, e)
+    for owner, name in ((logging, "basicConfig"), (logging.config, "dictConfig")):
+        wrapper = _flushing(owner, name, getattr(owner, name))
+        setattr(owner, name, wrapper)
+        _wrapped.append((owner, name, wrapper))

@@ -17,7 +17,7 @@ import sglang.srt.managers.scheduler as scheduler
 import sglang.srt.model_executor.model_runner
 {load}
 from sglang_swa_plugin import testbed
-server_args = testbed.make_server_args(testbed._tiny_model_dir("gpt_oss"), publish=False, log_level="info")
+server_args = testbed.make_server_args(testbed._tiny_model_dir("gpt_oss"), publish=False, log_level="{level}")
 scheduler.configure_logger(server_args, prefix=" TP3")
 import logging
 logging.getLogger("sglang.srt.plugins.swa_plugin").warning("sglang-swa-plugin: a later line")
@@ -30,7 +30,7 @@ SGLANG_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)? TP3\] sglan
 
 def test_lines_emitted_before_sglang_configures_logging_come_in_its_format_once_each():
     load = "from sglang.srt.plugins import load_plugins\nload_plugins()" if HAS_PLUGIN_FRAMEWORK else ""
-    proc = run_child(SCHEDULER_LIKE.format(load=load), prelude=False)
+    proc = run_child(SCHEDULER_LIKE.format(load=load, level="info"), prelude=False)
     assert child_json(proc) is True
     ours = [line for line in proc.stderr.splitlines() if "sglang-swa-plugin: " in line]
     for name in BUILTIN_NAMES:
@@ -38,3 +38,18 @@ def test_lines_emitted_before_sglang_configures_logging_come_in_its_format_once_
         assert len(mine) == 1, (name, ours)
     assert ours and all(SGLANG_LINE.match(line) for line in ours), ours
     assert sum("a later line" in line for line in ours) == 1, ours
+
+
+def test_at_log_level_warning_a_held_back_error_still_comes_at_once():
+    """Held-back lines are emitted when logging is set up, at the level it chose: with
+    ``--log-level warning`` the fix lines (INFO) stay out, a bad setting's ERROR line shows, in
+    sglang's format, before the process's later lines (not at exit)."""
+    load = "from sglang.srt.plugins import load_plugins\nload_plugins()" if HAS_PLUGIN_FRAMEWORK else ""
+    proc = run_child(SCHEDULER_LIKE.format(load=load, level="warning"), prelude=False, SGLANG_SWA_PLUGIN_GUARD="2")
+    assert child_json(proc) is True
+    ours = [line for line in proc.stderr.splitlines() if "sglang-swa-plugin: " in line]
+    assert not any("sglang-swa-plugin: fix " in line for line in ours), ours
+    errors = [i for i, line in enumerate(ours) if "SGLANG_SWA_PLUGIN_GUARD='2'" in line]
+    later = [i for i, line in enumerate(ours) if "a later line" in line]
+    assert len(errors) == 1 and later and errors[0] < later[0], ours
+    assert all(SGLANG_LINE.match(line) for line in ours), ours

@@ -16,7 +16,7 @@ import pytest
 from sglang_swa_plugin.core import BUILTIN_MODULES
 from sglang_swa_plugin.fix import Verdict
 
-from helpers import HERE, main_window_snapshot
+from helpers import HERE, main_window_snapshot, sglang_release
 
 README = HERE.parent / "README.md"
 STATUS = {Verdict.NEEDED: "applied", Verdict.NOT_NEEDED: "not needed", Verdict.NOT_APPLICABLE: "not applicable"}
@@ -55,8 +55,8 @@ def named_releases(text: str) -> set:
 
 
 def _release_minor():
-    parts = version("sglang").split(".")
-    return int(parts[2]) if parts[:2] == ["0", "5"] and parts[2].isdigit() else None
+    major, minor, micro = sglang_release()
+    return micro if (major, minor) == (0, 5) and micro else None
 
 
 def test_readme_table_lists_the_builtin_fixes():

@@ -87,7 +87,7 @@ Delete when
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from sglang_swa_plugin.fix import Detection, Fix, ScenarioUnavailable, TargetMissing, hookimpl
 from sglang_swa_plugin.probe import optional_module, own_function, swapped, target_class
@@ -129,6 +129,18 @@ def capturing() -> bool:
         return False
 
 
+class _Rows(NamedTuple):
+    """The single-token rows of one forward pass and what they were derived from."""
+
+    layer_id: int  # the last layer that used them
+    seq_lens: Any
+    block_tables: Any
+    q_len: int
+    capturing: bool
+    lens: Any  # per row: S - q_len + 1 + r
+    table: Any  # per row: the request's page-table row
+
+
 class _XqaState:
     """Per backend: what the hook derives on the device, kept so that it is exact under CUDA
     graphs (sglang captures a forward pass after running it eagerly on the same static
@@ -147,7 +159,7 @@ class _XqaState:
         self.by_len: Dict[Tuple[int, Any], Any] = {}
         self.kept: List[Any] = []
         self.layer_id: int = -1  # the layer the hook is running
-        self.rows: Any = None  # (layer id, seq_lens, block_tables, q_len, capturing, lens, table)
+        self.rows: Optional[_Rows] = None
 
     def mask(self, q_len: int, batch: int, device: Any) -> Any:
         key = (q_len, device)
@@ -167,14 +179,14 @@ class _XqaState:
         import torch
 
         now, rows = capturing(), self.rows
-        if (rows is None or self.layer_id <= rows[0] or rows[1] is not seq_lens or rows[2] is not block_tables
-                or rows[3] != q_len or rows[4] != now):
+        if (rows is None or self.layer_id <= rows.layer_id or rows.seq_lens is not seq_lens
+                or rows.block_tables is not block_tables or rows.q_len != q_len or rows.capturing != now):
             offsets = torch.arange(1 - q_len, 1, device=seq_lens.device, dtype=seq_lens.dtype)
             lens = (seq_lens[:, None] + offsets[None, :]).reshape(-1).clamp_(min=1)
-            rows = (self.layer_id, seq_lens, block_tables, q_len, now, lens,
-                    block_tables.repeat_interleave(q_len, dim=0))
-        self.rows = (self.layer_id,) + rows[1:]
-        return rows[5], rows[6]
+            rows = _Rows(self.layer_id, seq_lens, block_tables, q_len, now, lens,
+                         block_tables.repeat_interleave(q_len, dim=0))
+        self.rows = rows._replace(layer_id=self.layer_id)
+        return rows.lens, rows.table
 
 
 class _Namespace:

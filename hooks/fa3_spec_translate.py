@@ -36,14 +36,14 @@ Delete when
 
 from __future__ import annotations
 
-import importlib
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from ..fix import Detection, Fix, ScenarioUnavailable, TargetMissing, hookimpl
-from ..patching import MARK, target_marked_by
+from ..fix import Detection, Fix, TargetMissing, hookimpl
+from ..patching import target_marked_by, without_wrappers_of
 from ..probe import optional_module, swapped
 
+NAME = "fa3_spec_translate"
 MODULE = "sglang.srt.layers.attention.flashattention_backend"
 CLASS = "FlashAttentionBackend"
 METHOD = "_init_sliding_window_attn_spec_metadata"
@@ -70,17 +70,6 @@ def _translate_page_tables(original, self, metadata, metadata_expand, *args, **k
         metadata.page_table, metadata_expand.page_table = full_a, full_b
 
 
-def _is_our_wrapper(fn: Any, fix_name: str) -> bool:
-    """``fn`` is the wrapper our hook was installed as (directly or by HookRegistry)."""
-    cells = []
-    for cell in getattr(fn, "__closure__", None) or ():
-        try:
-            cells.append(cell.cell_contents)
-        except ValueError:
-            pass
-    return hasattr(fn, "__wrapped__") and any(getattr(x, MARK, None) == fix_name for x in [fn, *cells])
-
-
 def kernel_inputs(mod: Any, call) -> Optional[dict]:
     """Run ``call()`` with the module's SWA spec page-table kernel replaced by a recorder;
     return what the kernel received (dst, a, b, seq_len_a, seq_len_b, draft tokens), or
@@ -94,6 +83,24 @@ def kernel_inputs(mod: Any, call) -> Optional[dict]:
     with swapped(mod, KERNEL, recorder):
         call()
     return seen or None
+
+
+def classify() -> Detection:
+    mod = optional_module(MODULE)
+    if mod is None:
+        return Detection.not_applicable("this sglang has no FA3 attention backend")
+    cls = getattr(mod, CLASS, None)
+    if cls is None:
+        raise TargetMissing(f"{MODULE}.{CLASS}")
+    method = getattr(cls, METHOD, None)
+    if method is None:
+        raise TargetMissing(TARGET)
+    if not hasattr(mod, KERNEL):
+        raise TargetMissing(f"{MODULE}.{KERNEL}")
+    try:  # judge sglang's code, not our hook
+        return _probe(mod, without_wrappers_of(method, NAME))
+    except Exception as e:  # noqa: BLE001 - an unexpected shape is "unknown", never a crash
+        return Detection.unknown(f"probe of {METHOD} failed: {type(e).__name__}: {e}")
 
 
 def _probe(mod: Any, method: Any) -> Detection:
@@ -125,145 +132,22 @@ def _probe(mod: Any, method: Any) -> Detection:
     return Detection.unknown(f"{METHOD} hands {KERNEL} page tables that are neither the full-pool nor the translated ones")
 
 
-# ---------------------------------------------------------------- CPU scenario (check, tests)
-
-# An EAGLE3 tree of 4 draft tokens (topk 2): 0 is the root, 1 and 2 its children, 3 a child
-# of 1. Each entry: the draft tokens a token attends to (its ancestors and itself).
-TREE = ((0,), (0, 1), (0, 2), (0, 1, 3))
-
-
-def _verify_input(custom_mask, seq_lens, topk, num_draft_tokens):
-    """A real ``EagleVerifyInput`` carrying the tree mask (the only field the FA3 metadata
-    path reads); the retrieve tensors are placeholders."""
-    import dataclasses
-
-    import torch
-    from sglang.srt.speculative.eagle_info import EagleVerifyInput
-    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-
-    n = len(seq_lens) * num_draft_tokens
-    values = dict(
-        draft_token=torch.zeros(n, dtype=torch.int64),
-        custom_mask=custom_mask,
-        positions=torch.zeros(n, dtype=torch.int64),
-        spec_steps=max(len(t) for t in TREE) - 1,
-        topk=topk,
-        draft_token_num=num_draft_tokens,
-        capture_hidden_mode=CaptureHiddenMode.FULL,
-        seq_lens_sum=int(sum(seq_lens)),
-        seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int64),
-    )
-    kwargs = {}
-    for f in dataclasses.fields(EagleVerifyInput):
-        if f.name in values:
-            kwargs[f.name] = values[f.name]
-        elif f.name.startswith(("retrive_", "retrieve_")):
-            kwargs[f.name] = torch.full((len(seq_lens), num_draft_tokens), -1, dtype=torch.int64)
-    return EagleVerifyInput(**kwargs)
-
-
-def verify_bench(prefix_lens=(5, 3), full_only=30, topk=2, swa_pool=True):
-    """A real FA3 backend of a GPT-OSS-like target (layers 0, 2 sliding; 1, 3 full) on a real
-    ``SWAKVPool`` (64 full / 32 SWA slots) whose index spaces diverge by ``full_only`` slots,
-    EAGLE3 with ``topk`` and the 4-token ``TREE``, and a real TARGET_VERIFY ``ForwardBatch``
-    for requests with ``prefix_lens`` tokens. Every full-pool index of the requests lies
-    beyond the SWA pool, every SWA index inside it. ``swa_pool=False``: the runner owns a
-    full-only pool instead (sharing the SWA allocator), so the backend uses no SWA pool."""
-    import torch
-
-    from .. import testbed as tb
-
-    num_draft = len(TREE)
-    try:
-        pool = tb.make_swa_pool(size=64, size_swa=32)
-        alloc = tb.make_swa_allocator(pool)
-        held = tb.diverge(alloc, full_only)
-        req_to_token = tb.make_req_to_token_pool(size=4, max_context_len=64)
-        runner = tb.make_model_runner(
-            kv_pool=pool if swa_pool else tb.make_full_pool(size=64, layer_num=4),
-            allocator=alloc, req_to_token_pool=req_to_token, spec_algorithm="EAGLE3",
-            topk=topk, num_steps=max(len(t) for t in TREE) - 1, num_draft_tokens=num_draft,
-            attention_backend="fa3",
-        )
-        backend = tb.build_fa3_backend(runner)
-        prefixes = [tb.alloc_tokens(alloc, n) for n in prefix_lens]
-        drafts = [tb.alloc_tokens(alloc, num_draft) for _ in prefix_lens]
-        rows, _ = tb.fill_requests(req_to_token, [torch.cat(pd) for pd in zip(prefixes, drafts)])
-        draft_mask = torch.zeros(num_draft, num_draft, dtype=torch.bool)
-        for i, attends in enumerate(TREE):
-            draft_mask[i, list(attends)] = True
-        custom_mask = torch.cat([
-            torch.cat([torch.ones(num_draft, n, dtype=torch.bool), draft_mask], dim=1).flatten()
-            for n in prefix_lens
-        ])
-        batch = tb.make_forward_batch(
-            runner, "target_verify", req_pool_indices=rows, seq_lens=list(prefix_lens),
-            out_cache_loc=torch.cat(drafts),
-            spec_info=_verify_input(custom_mask, list(prefix_lens), topk, num_draft),
-        )
-    except tb.Unavailable as e:
-        raise ScenarioUnavailable(str(e)) from None
-    return SimpleNamespace(
-        pool=pool, allocator=alloc, held=held, runner=runner, backend=backend, batch=batch,
-        req_to_token=req_to_token, rows=rows, prefixes=prefixes, drafts=drafts,
-        num_draft_tokens=num_draft, swa_slots=lambda full: tb.translate(pool, full),
-    )
-
-
-def verify_run(bench):
-    """Build the TARGET_VERIFY metadata on ``bench``'s backend with the SWA spec page-table
-    kernel recorded. ``bug_shows``: the kernel did not get each request's prefix and draft
-    tokens as SWA slots (int32)."""
-    import torch
-
-    mod = importlib.import_module(MODULE)
-    seen = kernel_inputs(mod, lambda: bench.backend.init_forward_metadata(bench.batch))
-    if seen is None:
-        raise ScenarioUnavailable(f"the topk>1 SWA verify path did not call {KERNEL}")
-    ok = seen["a"].dtype == torch.int32 and seen["b"].dtype == torch.int32
-    for r, (prefix, draft) in enumerate(zip(bench.prefixes, bench.drafts)):
-        ok &= torch.equal(seen["a"][r, : len(prefix)].long(), bench.swa_slots(prefix))
-        for i, attends in enumerate(TREE):
-            row = seen["b"][r * len(TREE) + i, : len(attends)].long()
-            ok &= torch.equal(row, bench.swa_slots(draft[list(attends)]))
-    return SimpleNamespace(seen=seen, bug_shows=not ok)
-
-
 class FA3SpecTranslateFix(Fix):
-    name = "fa3_spec_translate"
+    name = NAME
     summary = "FA3 EAGLE3 topk>1 on SWA models: translate prefix and draft page tables to SWA space before the kernel"
     upstream_prs = ("#24617",)
     targets = (TARGET,)
     target_params = {TARGET: ("self", "metadata", "metadata_expand")}
-    scenario_summary = ("EAGLE3 topk=2 TARGET_VERIFY metadata on a real FA3 backend over diverged full/SWA pools: "
-                        "does the SWA spec page-table kernel get SWA-space int32 page tables")
+    check_module = "sglang_swa_plugin.check.fa3_spec_translate"
 
     def detect(self) -> Detection:
-        mod = optional_module(MODULE)
-        if mod is None:
-            return Detection.not_applicable("this sglang has no FA3 attention backend")
-        cls = getattr(mod, CLASS, None)
-        if cls is None:
-            raise TargetMissing(f"{MODULE}.{CLASS}")
-        method = getattr(cls, METHOD, None)
-        if method is None:
-            raise TargetMissing(TARGET)
-        while _is_our_wrapper(method, self.name):  # judge sglang's code, not our hook
-            method = method.__wrapped__
-        if not hasattr(mod, KERNEL):
-            raise TargetMissing(f"{MODULE}.{KERNEL}")
-        try:
-            return _probe(mod, method)
-        except Exception as e:  # noqa: BLE001 - an unexpected shape is "unknown", never a crash
-            return Detection.unknown(f"probe of {METHOD} failed: {type(e).__name__}: {e}")
+        return classify()
 
     def install(self, hooks) -> None:
         if target_marked_by(TARGET) == self.name:
             return  # already in effect here (a second wrapper would translate twice)
         hooks.around(TARGET, _translate_page_tables)
 
-    def reproduce(self) -> bool:
-        return verify_run(verify_bench()).bug_shows
 
 
 FIX = FA3SpecTranslateFix()

@@ -57,15 +57,14 @@ from __future__ import annotations
 
 import __future__
 import ast
-import contextlib
-import functools
 import inspect
 import sys
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from ..fix import Detection, Fix, ScenarioUnavailable, TargetMissing, hookimpl
-from ..probe import function_source, optional_module, swapped
+from ..fix import Detection, Fix, TargetMissing, hookimpl
+from ..probe import function_tree, optional_module, swa_allocator_class, swa_pool_class
+from ..trtllm_mha import MODULE as TRTLLM
 
 UTILS = "sglang.srt.speculative.frozen_kv_mtp_utils"
 VIEW_NAMES = ("frozen_kv_target_view", "target_kv_pool_view")
@@ -74,18 +73,10 @@ RUNNER_MODULE = "sglang.srt.speculative.frozen_kv_mtp_cuda_graph_runner"
 RUNNER = RUNNER_MODULE + ".FrozenKVMTPCudaGraphRunner"
 RUNNER_INIT = RUNNER + ".__init__"
 CAPTURE_METHODS = ("capture_one_shape", "capture_one_batch_size")  # 0.5.14+, 0.5.12-0.5.13
-TRTLLM = "sglang.srt.layers.attention.trtllm_mha_backend"
 RESOLVER = "_resolve_swa_kv_pool"
 
 # The backend's cached SWA state (the guards of each release read one or the other).
 POOL, FLAG, MAPPING = "_swa_kv_pool", "use_sliding_window_kv_pool", "_swa_full_to_swa_mapping"
-
-
-@functools.lru_cache(maxsize=None)
-def _swa_pool_class() -> type:
-    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
-
-    return SWAKVPool
 
 
 # ---------------------------------------------------------------------------- the fix
@@ -97,7 +88,7 @@ def follow(backend: Any, pool: Any) -> Optional[dict]:
     state = getattr(backend, "__dict__", None)
     if pool is None or not state or POOL not in state:
         return None
-    swa = pool if isinstance(pool, _swa_pool_class()) else None
+    swa = pool if isinstance(pool, swa_pool_class()) else None
     want = [(POOL, swa), (FLAG, swa is not None)]
     if MAPPING in state:  # 0.5.23+: what the fused graph-metadata kernel reads
         translating = getattr(getattr(backend, "kv_index_translator", None), "is_translating", False)
@@ -204,12 +195,8 @@ def _frozen_draft_stand_ins() -> SimpleNamespace:
     draft runner, as bare stand-ins (only identities and types matter to the probe)."""
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    try:
-        from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
-    except ImportError:
-        from sglang.srt.mem_cache.swa_memory_pool import SWATokenToKVPoolAllocator
-    target_pool = object.__new__(_swa_pool_class())
-    allocator = object.__new__(SWATokenToKVPoolAllocator)
+    target_pool = object.__new__(swa_pool_class())
+    allocator = object.__new__(swa_allocator_class())
     allocator.get_kvcache = lambda: target_pool
     runner = SimpleNamespace(token_to_kv_pool=object(), token_to_kv_pool_allocator=allocator,
                              is_draft_worker=True, spec_algorithm=SpeculativeAlgorithm.FROZEN_KV_MTP)
@@ -220,7 +207,7 @@ def _constructor_swa_state(cls: type, runner: Any) -> Any:
     """Execute the statements of the installed constructor that set the SWA state (and
     the local names they read) with ``self`` a blank object; return its ``_swa_kv_pool``."""
     init = inspect.unwrap(cls.__init__)
-    func = ast.parse(function_source(init)).body[0]
+    func = function_tree(init)[0]
     self_name, runner_name = list(inspect.signature(init).parameters)[:2]
     picked, needed = [], set()
     for stmt in reversed(func.body):
@@ -295,124 +282,11 @@ def classify() -> Detection:
         "SWAKVPool: SWA layers would read full-pool page indices")
 
 
-# ---------------------------------------------------------------------------- scenario
-
-
-def page_table_kernel_on_cpu(req_to_token, req_pool_indices, cache_seqlens, page_table, page_size,
-                             swa_page_table=None, full_to_swa=None, **_):
-    """Stand-in for the Triton page-table kernel (0.5.14+): the same gather, on CPU, of
-    exactly the tables and full->SWA mapping the backend hands it."""
-    for row, (req, n) in enumerate(zip(req_pool_indices.tolist(), cache_seqlens.tolist())):
-        first_tokens = req_to_token[req, :n:page_size].long()
-        page_table[row, : len(first_tokens)] = first_tokens // page_size
-        if swa_page_table is not None and full_to_swa is not None:
-            swa_page_table[row, : len(first_tokens)] = full_to_swa[first_tokens] // page_size
-
-
-def graph_metadata_kernel_on_cpu(*, req_pool_indices, seq_lens, req_to_token, cache_seqlens, cu_seqlens_k,
-                                 page_table, bs, seqlen_offset, page_size, swa_mapping=None,
-                                 swa_page_table=None, skip_page_table=False, **_):
-    """Stand-in for the fused Triton graph-metadata kernel (0.5.15+), decode part only."""
-    cache_seqlens[:bs] = seq_lens[:bs] + seqlen_offset
-    cu_seqlens_k[1 : bs + 1] = cache_seqlens[:bs].cumsum(0)
-    if not skip_page_table:
-        page_table_kernel_on_cpu(req_to_token, req_pool_indices[:bs], cache_seqlens[:bs], page_table,
-                                 page_size, swa_page_table, swa_mapping)
-
-
-CPU_KERNELS = {"build_trtllm_mha_page_table": page_table_kernel_on_cpu,
-               "update_trtllm_mha_graph_metadata": graph_metadata_kernel_on_cpu}
-
-
-@contextlib.contextmanager
-def cpu_kernels():
-    """The trtllm_mha backend's Triton entry points (where it binds them) replaced by their
-    CPU stand-ins for the block."""
-    mod = sys.modules[TRTLLM]
-    with contextlib.ExitStack() as stack:
-        for name, stand_in in CPU_KERNELS.items():
-            if hasattr(mod, name):
-                stack.enter_context(swapped(mod, name, stand_in))
-        yield
-
-
-def frozen_kv_draft() -> SimpleNamespace:
-    """Real objects of a FROZEN_KV draft step on CPU: the target's ``SWAKVPool`` and SWA
-    allocator (6 tokens of one request whose full indices lie beyond the SWA pool), the
-    draft's own full-only pool and trtllm_mha backend, a decode ``ForwardBatch``, the
-    ``FrozenKVMTPContext`` and a target SWA layer (``RadixAttention``)."""
-    from sglang.srt.speculative.frozen_kv_mtp_info import FrozenKVMTPContext
-
-    from sglang_swa_plugin import testbed
-
-    target_pool = testbed.make_swa_pool()
-    allocator = testbed.make_swa_allocator(target_pool)
-    testbed.diverge(allocator, target_pool.size_swa + 8)
-    req_to_token = testbed.make_req_to_token_pool()
-    tokens = testbed.alloc_tokens(allocator, 6)
-    rows, lens = testbed.fill_requests(req_to_token, [tokens])
-    runner = testbed.make_model_runner(kv_pool=testbed.make_full_pool(), allocator=allocator,
-                                       req_to_token_pool=req_to_token, is_draft_worker=True,
-                                       spec_algorithm="FROZEN_KV_MTP")
-    backend = testbed.build_trtllm_backend(runner)
-    batch = testbed.make_forward_batch(runner, "decode", req_pool_indices=rows, seq_lens=lens,
-                                       out_cache_loc=tokens[-1:], attn_backend=backend)
-    swa_layer = testbed.swa_layer(target_pool, runner)
-    return SimpleNamespace(
-        target_pool=target_pool, allocator=allocator, runner=runner, backend=backend, batch=batch,
-        tokens=tokens, swa_layer=swa_layer,
-        kv_context=FrozenKVMTPContext(target_token_to_kv_pool=target_pool,
-                                      physical_layer_ids={0: swa_layer.layer_id}))
-
-
-def view_args(view, d: SimpleNamespace) -> tuple:
-    """The arguments of ``view`` for draft ``d`` (0.5.12: 2, 0.5.13+: with the backend)."""
-    return (d.batch, d.kv_context, d.backend)[: len(inspect.signature(view).parameters)]
-
-
-def swa_layer_pages(d: SimpleNamespace) -> list:
-    """The page table the draft backend gives its SWA layer (the request's pages), from
-    metadata built now: call it inside a view."""
-    with cpu_kernels():
-        d.backend.init_forward_metadata(d.batch)
-    table = d.backend._get_layer_page_table(d.swa_layer, d.batch)
-    return table[0, : len(d.tokens[:: d.target_pool.page_size])].tolist()
-
-
-def expected_swa_pages(d: SimpleNamespace) -> list:
-    page = d.target_pool.page_size
-    swa = d.target_pool.translate_loc_from_full_to_swa(d.tokens[::page]).long() // page
-    assert int(swa.max()) < (d.target_pool.size_swa + page) // page  # inside the SWA pool
-    return swa.tolist()
-
-
-def scenario() -> dict:
-    """Per real view: whether, inside it, the SWA layer of a real FROZEN_KV draft backend
-    reads its pages in SWA space (inside the SWA pool)."""
-    utils = optional_module(UTILS)
-    for name, mod in ((UTILS, utils), (TRTLLM, utils and optional_module(TRTLLM))):
-        if mod is None:
-            raise ScenarioUnavailable(f"this sglang has no module {name}")
-    from sglang_swa_plugin import testbed
-
-    try:
-        d = frozen_kv_draft()
-    except testbed.Unavailable as e:
-        raise ScenarioUnavailable(str(e)) from None
-    out = {}
-    for name in VIEW_NAMES:
-        view = getattr(utils, name)
-        with view(*view_args(view, d)):
-            out[name] = swa_layer_pages(d) == expected_swa_pages(d)
-    return out
-
-
 class FrozenKVViewsFix(Fix):
     name = "frozen_kv_views"
     summary = "FROZEN_KV MTP views and graph capture keep the draft backend's SWA state in step with the swapped-in target pool"
     upstream_prs = ("fork PR#6", "#26531", "#26966", "#27491")
-    scenario_summary = ("a real FROZEN_KV MTP draft backend (trtllm_mha) inside each real target-KV view: does its "
-                        "SWA layer read SWA-space pages inside the SWA pool")
+    check_module = "sglang_swa_plugin.check.frozen_kv_views"
 
     @property
     def targets(self):  # the capture method was renamed in 0.5.14
@@ -427,14 +301,11 @@ class FrozenKVViewsFix(Fix):
         return classify()
 
     def install(self, hooks) -> None:
-        _swa_pool_class()
+        swa_pool_class()
         for view in VIEWS:
             hooks.around(view, _around_view)
         hooks.around(RUNNER_INIT, _around_runner_init)
         hooks.around(capture_target(), _around_capture)
-
-    def reproduce(self) -> bool:
-        return not all(scenario().values())
 
 
 FIX = FrozenKVViewsFix()

@@ -58,40 +58,19 @@ import re
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from sglang_swa_plugin.fix import Detection, Fix, ScenarioUnavailable, TargetMissing, hookimpl
-from sglang_swa_plugin.probe import compact, normalized_source, optional_module, own_function, target_class
+from sglang_swa_plugin.fix import Detection, Fix, hookimpl
+from sglang_swa_plugin.probe import (compact, normalized_source, optional_module, own_function, swa_allocator_class,
+                                     swa_pool_class)
+from sglang_swa_plugin.trtllm_mha import CLASS, MODULE, backend_class
 
 logger = logging.getLogger("sglang.srt.plugins.swa_plugin")
 
-MODULE = "sglang.srt.layers.attention.trtllm_mha_backend"
-CLASS = MODULE + ".TRTLLMHAAttnBackend"
 INIT = CLASS + ".__init__"
 RESOLVER = "_resolve_swa_kv_pool"
 
 # Known buggy constructor forms (whitespace-free source).
 _ALLOCATOR_FORM = "isinstance(allocator,SWATokenToKVPoolAllocator)"
 _POOL_FORM = re.compile(r"isinstance\((kv_pool|model_runner\.token_to_kv_pool),SWAKVPool\)")
-
-
-def _backend_class() -> type:
-    return target_class(CLASS)
-
-
-def _swa_pool_class() -> type:
-    """The SWAKVPool class the trtllm backend checks against."""
-    mod = optional_module(MODULE)
-    cls = getattr(mod, "SWAKVPool", None) if mod is not None else None
-    if cls is None:
-        from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool as cls
-    return cls
-
-
-def _swa_allocator_class() -> type:
-    for name in ("sglang.srt.mem_cache.allocator.swa", "sglang.srt.mem_cache.swa_memory_pool"):
-        mod = optional_module(name)
-        if mod is not None and hasattr(mod, "SWATokenToKVPoolAllocator"):
-            return mod.SWATokenToKVPoolAllocator
-    raise TargetMissing("SWATokenToKVPoolAllocator")
 
 
 def _is_frozen_kv_mtp(model_runner: Any) -> bool:
@@ -102,7 +81,7 @@ def _is_frozen_kv_mtp(model_runner: Any) -> bool:
 
 def resolve_swa_kv_pool(model_runner: Any) -> Optional[Any]:
     """Upstream's final rule (#27491): the SWAKVPool a trtllm_mha backend must use, or None."""
-    swa_pool_cls = _swa_pool_class()
+    swa_pool_cls = swa_pool_class()
     active_pool = model_runner.token_to_kv_pool
     if isinstance(active_pool, swa_pool_cls):
         return active_pool
@@ -143,9 +122,9 @@ def probe_resolver(resolver) -> dict:
     share one SWA allocator: True where it returns the SWA pool."""
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    swa_pool = object.__new__(_swa_pool_class())
+    swa_pool = object.__new__(swa_pool_class())
     full_pool = object()
-    allocator = object.__new__(_swa_allocator_class())
+    allocator = object.__new__(swa_allocator_class())
     allocator.get_kvcache = lambda: swa_pool
 
     def runner(pool, draft, algo):
@@ -160,7 +139,10 @@ def probe_resolver(resolver) -> dict:
     return {name: resolver(r) is swa_pool for name, r in cases.items()}
 
 
-def classify(cls: type) -> Detection:
+def classify() -> Detection:
+    if optional_module(MODULE) is None:
+        return Detection.not_applicable("this sglang has no trtllm_mha backend")
+    cls = backend_class()
     resolver = own_function(cls, RESOLVER)
     if resolver is not None:
         try:
@@ -183,65 +165,19 @@ def classify(cls: type) -> Detection:
     return Detection.unknown("TRTLLMHAAttnBackend.__init__ chooses its SWA pool in an unrecognised way")
 
 
-# ---------------------------------------------------------------------------- scenario
-
-
-def scenario() -> dict:
-    """The CPU scenario of ``check``: real pools whose index spaces diverge, one SWA
-    allocator shared by target and drafts, backends built through sglang's own paths
-    (registry for the target and a FROZEN_KV draft, ``DraftBackendFactory`` for an EAGLE
-    draft). Per backend, whether it resolved the pool the final rule gives."""
-    from sglang_swa_plugin import testbed as tb
-
-    try:
-        swa_pool = tb.make_swa_pool()
-        allocator = tb.make_swa_allocator(swa_pool)
-        tb.diverge(allocator)
-        req_to_token = tb.make_req_to_token_pool()
-        target = tb.make_model_runner(kv_pool=swa_pool, allocator=allocator, req_to_token_pool=req_to_token,
-                                      spec_algorithm="EAGLE")
-
-        def draft(algo):
-            return tb.make_model_runner(kv_pool=tb.make_full_pool(), allocator=allocator,
-                                        req_to_token_pool=req_to_token, is_draft_worker=True, spec_algorithm=algo,
-                                        server_args=target.server_args, model="llama")
-
-        eagle = tb.build_draft_backends_via_factory(draft("EAGLE"))
-        built = {"target": (tb.build_backend_via_registry(target, "trtllm_mha"), swa_pool),
-                 "eagle_draft_extend": (eagle.draft_extend, None)}
-        for i, step in enumerate(b for b in eagle.decode.attn_backends if b is not None):
-            built[f"eagle_draft_step{i}"] = (step, None)
-        try:
-            frozen = draft("FROZEN_KV_MTP")
-        except tb.Unavailable:
-            pass  # no FROZEN_KV MTP in this sglang
-        else:
-            built["frozen_kv_draft"] = (tb.build_backend_via_registry(frozen, "trtllm_mha"), swa_pool)
-    except tb.Unavailable as e:
-        raise ScenarioUnavailable(str(e)) from None
-    return {name: backend._swa_kv_pool is want for name, (backend, want) in built.items()}
-
-
 class TrtllmSwaPoolFix(Fix):
     name = "trtllm_swa_pool"
     summary = "trtllm_mha resolves its SWA KV pool by upstream's final rule for target and every draft backend"
     upstream_prs = ("#25103", "#26966", "#27491")
     targets = (INIT,)
     target_params = {INIT: ("self", "model_runner")}
-    scenario_summary = ("real trtllm_mha backends (target, EAGLE draft steps and draft extend, FROZEN_KV draft "
-                        "where present) built by sglang over diverged full/SWA pools: does each resolve the "
-                        "SWA pool upstream's final rule gives")
+    check_module = "sglang_swa_plugin.check.trtllm_swa_pool"
 
     def detect(self) -> Detection:
-        if optional_module(MODULE) is None:
-            return Detection.not_applicable("this sglang has no trtllm_mha backend")
-        return classify(_backend_class())
+        return classify()
 
     def install(self, hooks) -> None:
         hooks.around(INIT, _init_with_final_rule)
-
-    def reproduce(self) -> bool:
-        return not all(scenario().values())
 
 
 FIX = TrtllmSwaPoolFix()

@@ -89,14 +89,12 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
-from sglang_swa_plugin.fix import Detection, Fix, ScenarioUnavailable, TargetMissing, hookimpl
-from sglang_swa_plugin.probe import optional_module, own_function, swapped, target_class
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, hookimpl
+from sglang_swa_plugin.probe import callee, nodes, optional_module, own_function, swapped
+from sglang_swa_plugin.trtllm_mha import (CLASS, DECODE_KERNELS, FORWARD_EXTEND as TARGET, FORWARD_EXTEND_PARAMS,
+                                          MODULE, V2_TEST, backend_class, routes_v2_to_decode, syntax, tests_v2,
+                                          v2_flags)
 
-from . import trtllm_extend_routing as routing
-
-MODULE = routing.MODULE
-CLASS = routing.CLASS
-TARGET = routing.TARGET
 TARGET_VERIFY_TEST = "is_target_verify"
 XQA_FLAG = "is_xqa_impl"
 
@@ -288,14 +286,14 @@ def _mask_values(tree: Any) -> List[Any]:
     import ast
 
     assigned: Dict[str, List[Any]] = {}
-    for node in routing._nodes(tree):
+    for node in nodes(tree):
         if isinstance(node, ast.Assign):
             for t in node.targets:
                 if isinstance(t, ast.Name):
                     assigned.setdefault(t.id, []).append(node.value)
     values = []
-    for node in routing._nodes(tree):
-        if isinstance(node, ast.Call) and routing._callee(node) in routing.DECODE_KERNELS:
+    for node in nodes(tree):
+        if isinstance(node, ast.Call) and callee(node) in DECODE_KERNELS:
             for kw in node.keywords:
                 if kw.arg == "mask":
                     v = kw.value
@@ -306,7 +304,7 @@ def _mask_values(tree: Any) -> List[Any]:
 def _mentions(node: Any, name: str) -> bool:
     import ast
 
-    return any(isinstance(n, ast.Call) and routing._callee(n) == name for n in ast.walk(node))
+    return any(isinstance(n, ast.Call) and callee(n) == name for n in ast.walk(node))
 
 
 def _fp8_query_tests(tree: Any) -> List[Any]:
@@ -316,7 +314,7 @@ def _fp8_query_tests(tree: Any) -> List[Any]:
     import ast
 
     tests = []
-    for node in routing._nodes(tree):
+    for node in nodes(tree):
         if (isinstance(node, ast.If) and _attr(node.test, "data_type")
                 and any(_attr(s, "float8_e4m3fn") for s in node.body)):
             tests.append((node.test, False))
@@ -334,18 +332,20 @@ def _attr(node: Any, name: str) -> bool:
 def _covers_v2(test: Any, tree: Any) -> bool:
     import ast
 
-    flags = frozenset(t.id for n in routing._nodes(tree) if isinstance(n, ast.Assign) and routing._tests_v2(n.value)
-                      for t in n.targets if isinstance(t, ast.Name))
-    return any(isinstance(n, ast.Name) and n.id in flags for n in ast.walk(test)) or _mentions(test, routing.V2_TEST)
+    flags = v2_flags(tree)
+    return any(isinstance(n, ast.Name) and n.id in flags for n in ast.walk(test)) or _mentions(test, V2_TEST)
 
 
-def classify(cls: type) -> Detection:
+def classify() -> Detection:
+    if optional_module(MODULE) is None:
+        return Detection.not_applicable("this sglang has no trtllm_mha backend")
+    cls = backend_class()
     forward_extend = own_function(cls, "forward_extend")
     if forward_extend is None:
         raise TargetMissing(TARGET)
     try:
-        tree = routing._syntax(forward_extend)
-        v2_decode = routing.routes_v2_to_decode(forward_extend)
+        tree = syntax(forward_extend)
+        v2_decode = routes_v2_to_decode(forward_extend)
     except (OSError, TypeError, SyntaxError) as e:
         return Detection.unknown(f"source of TRTLLMHAAttnBackend unreadable: {type(e).__name__}: {e}")
     if v2_decode is None:
@@ -355,7 +355,7 @@ def classify(cls: type) -> Detection:
     masks = _mask_values(tree)
     if not masks:
         reasons.append(f"{modes} the XQA decode kernel with no spec-decode mask")
-    elif v2_decode and all(_mentions(m, TARGET_VERIFY_TEST) and not routing._tests_v2(m) for m in masks):
+    elif v2_decode and all(_mentions(m, TARGET_VERIFY_TEST) and not tests_v2(m) for m in masks):
         reasons.append("the spec-decode mask is passed for TARGET_VERIFY only, not DRAFT_EXTEND_V2")
     for test, forced in _fp8_query_tests(tree):
         if not forced and not _attr(test, XQA_FLAG):
@@ -367,88 +367,20 @@ def classify(cls: type) -> Detection:
     return Detection.not_needed(f"{modes} XQA with the spec-decode mask and a bf16 query")
 
 
-# ---------------------------------------------------------------------------- CPU scenario
-
-
-class _Sm90:
-    """A platform answering sm90 (XQA hardware); everything else from the real one."""
-
-    is_sm90, is_sm120 = True, False
-
-    def __init__(self, real: Any) -> None:
-        self._real = real
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-
-def _as_xqa_hardware(xqa: bool):
-    """For the block, the backend module's hardware query (``get_platform()``, or
-    ``is_sm90_supported()`` in older code) answers sm90, so that the release's own
-    ``__init__`` sets itself up for XQA, building its own spec-decode mask where it has one."""
-    import contextlib
-    import importlib
-
-    mod = importlib.import_module(MODULE)
-    stack = contextlib.ExitStack()
-    if xqa and hasattr(mod, "get_platform"):
-        real = mod.get_platform
-        stack.enter_context(swapped(mod, "get_platform", lambda: _Sm90(real())))
-    elif xqa and hasattr(mod, "is_sm90_supported"):
-        stack.enter_context(swapped(mod, "is_sm90_supported", lambda *a, **k: True))
-    return stack
-
-
-def scenario(xqa: bool = True) -> List[routing.KernelCall]:
-    """TARGET_VERIFY and DRAFT_EXTEND_V2 (2 requests x 3 tokens, uniform) through a real
-    trtllm_mha backend built as on XQA hardware (the release's own ``__init__`` on sm90: its
-    ``is_xqa_impl`` and, in 0.5.21+, its own spec-decode mask) with an FP8 KV dtype, kernels
-    recorded. ``xqa=False``: the same backend as on Blackwell."""
-    import torch
-    from sglang_swa_plugin import testbed
-
-    try:
-        with _as_xqa_hardware(xqa):
-            bench = routing.extend_bench()
-        backend = bench.backend
-        backend.is_xqa_impl = xqa
-        backend.data_type = torch.float8_e4m3fn
-        calls = routing.record_extend(bench.backend, bench.batch("TARGET_VERIFY", [3, 3]), bench.layers)
-        return calls + routing.record_extend(bench.backend, bench.batch("DRAFT_EXTEND_V2", [3, 3]), bench.layers)
-    except testbed.Unavailable as e:
-        raise ScenarioUnavailable(str(e)) from None
-
-
-def broken(calls: List[routing.KernelCall]) -> List[routing.KernelCall]:
-    """Decode calls XQA refuses: a query that is not bf16, or more than one token per request
-    without a mask. (The windowed multi-token calls the fix also rewrites are checked by the
-    tests and on the GPU: XQA runs them, inexactly.)"""
-    import torch
-
-    return [c for c in calls if c.kernel == "decode"
-            and (c.q_dtype != torch.bfloat16 or ((c.q_len_per_req or 1) > 1 and c.mask is None))]
-
-
 class TrtllmXqaSpecDecodeFix(Fix):
     name = "trtllm_xqa_spec_decode"
     summary = "trtllm_mha on XQA (sm90/sm120): multi-token decode calls get a bf16 query and the spec-decode mask"
     upstream_prs = ("#32269", "flashinfer #4137", "#28241")
-    scenario_summary = ("TARGET_VERIFY and DRAFT_EXTEND_V2 (2 requests x 3 tokens) on a real trtllm_mha backend set "
-                        "up as on XQA hardware with an FP8 KV cache, kernels recorded: does XQA get a mask and a bf16 query?")
     targets = (TARGET,)
-    target_params = {TARGET: ("self", "q", "k", "v", "layer", "forward_batch")}
+    target_params = {TARGET: FORWARD_EXTEND_PARAMS}
+    check_module = "sglang_swa_plugin.check.trtllm_xqa_spec_decode"
 
     def detect(self) -> Detection:
-        if optional_module(MODULE) is None:
-            return Detection.not_applicable("this sglang has no trtllm_mha backend")
-        return classify(target_class(CLASS))
+        return classify()
 
     def install(self, hooks) -> None:
-        forward_extend = own_function(target_class(CLASS), "forward_extend")
-        hooks.around(TARGET, _xqa_multi_token(bool(routing.routes_v2_to_decode(forward_extend))))
-
-    def reproduce(self) -> bool:
-        return bool(broken(scenario()))
+        forward_extend = own_function(backend_class(), "forward_extend")
+        hooks.around(TARGET, _xqa_multi_token(bool(routes_v2_to_decode(forward_extend))))
 
 
 FIX = TrtllmXqaSpecDecodeFix()

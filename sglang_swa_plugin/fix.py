@@ -1,24 +1,40 @@
 """What a fix is: the contract every module in ``sglang_swa_plugin.hooks`` (and every
 third-party fix) implements, plus the pluggy hook specification that collects them.
 
-A fix module exposes ``FIX`` (a :class:`Fix` instance) and a pluggy hook implementation::
+A fix module holds what runs in a server process, nothing else: its record (docstring),
+constants, the hook(s), the detection and ``FIX`` (a :class:`Fix` instance) with a pluggy
+hook implementation::
 
     from sglang_swa_plugin.fix import Fix, Detection, hookimpl
+
+    TARGET = "sglang.srt.layers.attention.foo.FooBackend.forward"
+
+    def _hook(original, self, *args, **kwargs): ...
+
+    def classify() -> Detection:
+        return Detection.needed("why")
 
     class MyFix(Fix):
         name = "my_fix"
         summary = "one line"
         upstream_prs = ("#12345",)
-        targets = ("sglang.srt.layers.attention.foo.FooBackend.forward",)
+        targets = (TARGET,)
+        check_module = "my_package.check_my_fix"  # optional: its CPU scenario
 
-        def detect(self): return Detection.needed("why")
-        def install(self, hooks): hooks.around(self.targets[0], _wrapper)
+        def detect(self): return classify()
+        def install(self, hooks): hooks.around(TARGET, _hook)
 
     FIX = MyFix()
 
     @hookimpl
     def sglang_swa_plugin_fixes():
         return [FIX]
+
+The fix's CPU reproduction (used by ``sglang-swa-plugin check`` and the tests) lives in a
+separate module that a server process never imports, named by ``check_module``: it defines
+``scenario()`` (whose docstring's first sentence is shown by ``check``) and ``reproduce() ->
+bool``. The built-in ones are ``sglang_swa_plugin.check.<fix name>``. A fix may instead
+override :meth:`Fix.reproduce`.
 
 Third-party packages register such a module under the entry-point group
 ``sglang_swa_plugin.fixes``.
@@ -27,6 +43,7 @@ Third-party packages register such a module under the entry-point group
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -129,7 +146,11 @@ class Fix:
     # Name of a boolean Config field that must be on for this fix to be considered at all
     # (e.g. "guard" for the opt-in index guard); None: always considered.
     opt_in: Optional[str] = None
-    # One line: what ``reproduce`` builds and checks (shown by ``check``).
+    # Dotted name of the module with the fix's CPU scenario (``scenario()``, ``reproduce()``);
+    # imported only by ``reproduce`` (``check``, tests), never at start-up.
+    check_module: Optional[str] = None
+    # One line: what ``reproduce`` builds and checks (shown by ``check``); default: the first
+    # sentence of the check module's ``scenario()`` docstring.
     scenario_summary: str = ""
 
     def detect(self) -> Detection:
@@ -143,25 +164,30 @@ class Fix:
 
     def reproduce(self) -> bool:
         """Run the fix's CPU reproduction on the installed sglang's real classes once
-        and return True when the bug shows. ``check`` calls it without and then with the
-        fix installed. Raise ScenarioUnavailable where it cannot run."""
-        raise ScenarioUnavailable("no CPU scenario for this fix yet")
+        and return True when the bug shows: ``reproduce()`` of ``check_module``. ``check``
+        calls it without and then with the fix installed. Raise ScenarioUnavailable where it
+        cannot run."""
+        if not self.check_module:
+            raise ScenarioUnavailable("no CPU scenario for this fix yet")
+        import importlib
+
+        return bool(importlib.import_module(self.check_module).reproduce())
 
     def has_scenario(self) -> bool:
-        return type(self).reproduce is not Fix.reproduce
+        return bool(self.check_module) or type(self).reproduce is not Fix.reproduce
 
     def scenario_description(self) -> str:
-        """``scenario_summary``, else the first sentence of the fix module's ``scenario()``
-        docstring, as one plain line ("" where there is no scenario)."""
+        """``scenario_summary``, else the first sentence of the ``scenario()`` docstring of the
+        check module (or of the fix's own module), as one plain line ("" where there is no scenario)."""
         if not self.has_scenario():
             return ""
         if self.scenario_summary:
             return self.scenario_summary
-        import sys
+        import importlib
 
-        doc = getattr(getattr(sys.modules.get(type(self).__module__), "scenario", None), "__doc__", None) or ""
-        text = " ".join(doc.replace("``", "").split())
-        return text.split(". ")[0].rstrip(".")
+        scenario = getattr(importlib.import_module(self.check_module or type(self).__module__), "scenario", None)
+        text = " ".join((getattr(scenario, "__doc__", None) or "").replace("``", "").split())
+        return re.split(r"(?<=[.?!]) ", text)[0].rstrip(".")
 
     def __repr__(self) -> str:
         return f"<fix {self.name}>"

@@ -47,6 +47,21 @@ def _own_mark(obj: Any) -> Optional[str]:
     return getattr(obj, MARK, None) if not isinstance(obj, type) else obj.__dict__.get(MARK)
 
 
+def _level_marks(obj: Any) -> List[str]:
+    """Fixes whose wrapper ``obj`` itself is (its own mark, or, for HookRegistry's wrappers,
+    our hook kept in its closure)."""
+    out = [name] if (name := _own_mark(obj)) else []
+    for cell in getattr(obj, "__closure__", None) or ():
+        try:
+            v = cell.cell_contents
+        except ValueError:
+            continue
+        n = _own_mark(v)
+        if n and callable(v):
+            out.append(n)
+    return out
+
+
 def marks(obj: Any) -> List[str]:
     """Names of the fixes whose wrappers are along ``obj``'s wrapper chain, outermost first."""
     out: List[str] = []
@@ -54,21 +69,18 @@ def marks(obj: Any) -> List[str]:
     while obj is not None and seen < 16:
         if isinstance(obj, (staticmethod, classmethod)):
             obj = obj.__func__
-        name = _own_mark(obj)
-        if name:
-            out.append(name)
-        # HookRegistry's wrappers keep our hook in their closure.
-        for cell in getattr(obj, "__closure__", None) or ():
-            try:
-                v = cell.cell_contents
-            except ValueError:
-                continue
-            n = _own_mark(v)
-            if n and callable(v):
-                out.append(n)
+        out += _level_marks(obj)
         obj = getattr(obj, "__wrapped__", None)
         seen += 1
     return list(dict.fromkeys(out))
+
+
+def without_wrappers_of(fn: Any, fix_name: str) -> Any:
+    """``fn`` with the outer wrappers that ``fix_name`` installed peeled off: the code under
+    our hook, which detection must judge."""
+    while getattr(fn, "__wrapped__", None) is not None and fix_name in _level_marks(fn):
+        fn = fn.__wrapped__
+    return fn
 
 
 def marked_by(obj: Any) -> Optional[str]:

@@ -1,5 +1,6 @@
 """Small helpers shared by the fixes' detection code: reading the installed code's
-structure and running it on stand-ins, never consulting version strings."""
+structure and running it on stand-ins, never consulting version strings. Every look-up
+that more than one fix (or the check side) needs is here, once."""
 
 from __future__ import annotations
 
@@ -40,6 +41,29 @@ def target_class(dotted: str) -> type:
     if not isinstance(cls, type):
         raise TargetMissing(dotted)
     return cls
+
+
+@functools.lru_cache(maxsize=None)
+def swa_pool_class() -> type:
+    """The ``SWAKVPool`` class the trtllm_mha backend checks against (its module's binding
+    where it has one, else sglang's memory-pool module)."""
+    mod = optional_module("sglang.srt.layers.attention.trtllm_mha_backend")
+    cls = getattr(mod, "SWAKVPool", None) if mod is not None else None
+    if cls is None:
+        from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool as cls
+    return cls
+
+
+@functools.lru_cache(maxsize=None)
+def swa_allocator_class() -> type:
+    """``SWATokenToKVPoolAllocator`` (moved to ``mem_cache.allocator.swa`` in 0.5.13)."""
+    from .fix import TargetMissing
+
+    for name in ("sglang.srt.mem_cache.allocator.swa", "sglang.srt.mem_cache.swa_memory_pool"):
+        mod = optional_module(name)
+        if mod is not None and hasattr(mod, "SWATokenToKVPoolAllocator"):
+            return mod.SWATokenToKVPoolAllocator
+    raise TargetMissing("SWATokenToKVPoolAllocator")
 
 
 def _code_objects(code: Any) -> Iterator[Any]:
@@ -98,6 +122,27 @@ def function_tree(fn: Any) -> "tuple[Any, str]":
     module as ``inspect.getsource`` does (10-20 ms for sglang's long backend files). Falls
     back to ``inspect.getsource`` where that span is not available or not one function."""
     return _function_tree(inspect.unwrap(getattr(fn, "__func__", fn)))
+
+
+@functools.lru_cache(maxsize=64)
+def nodes(tree: Any) -> "list":
+    """``ast.walk(tree)`` as a list, computed once per (cached) tree."""
+    import ast
+
+    return list(ast.walk(tree))
+
+
+def callee(call: Any) -> Optional[str]:
+    """The called name of an ``ast.Call`` (``f(...)`` or ``x.f(...)``)."""
+    f = call.func
+    return getattr(f, "attr", None) or getattr(f, "id", None)
+
+
+def calls(node: Any, names: "frozenset") -> bool:
+    """``node`` contains a call of one of ``names``."""
+    import ast
+
+    return any(isinstance(n, ast.Call) and callee(n) in names for n in ast.walk(node))
 
 
 def normalized_source(obj: Any) -> str:

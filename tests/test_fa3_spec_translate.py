@@ -29,6 +29,7 @@ from sglang_swa_plugin.config import parse
 from sglang_swa_plugin.core import APPLIED, decide, temporarily_installed
 from sglang_swa_plugin.fix import Verdict
 from sglang_swa_plugin.hooks import fa3_spec_translate as fa3
+from sglang_swa_plugin.check import fa3_spec_translate as fa3_check
 from sglang_swa_plugin.patching import DirectHooks
 from sglang_swa_plugin.probe import swapped
 
@@ -118,13 +119,13 @@ def expected_rows(bench, slots_of):
     request's prefix, then the draft tokens the tree lets it see."""
     rows = []
     for prefix, draft in zip(bench.prefixes, bench.drafts):
-        for attends in fa3.TREE:
+        for attends in fa3_check.TREE:
             rows.append(torch.cat([slots_of(prefix), slots_of(draft[list(attends)])]))
     return rows
 
 
 def run_verify(bench):
-    res = fa3.verify_run(bench)
+    res = fa3_check.verify_run(bench)
     return res.seen
 
 
@@ -134,7 +135,7 @@ def run_verify(bench):
 def test_detection_matches_the_real_path_and_the_release():
     with sglang_alone():
         det = FIX.detect()
-        bug = fa3.verify_run(fa3.verify_bench()).bug_shows
+        bug = fa3_check.verify_run(fa3_check.verify_bench()).bug_shows
     assert det.verdict in (Verdict.NEEDED, Verdict.NOT_NEEDED), det
     assert (det.verdict is Verdict.NEEDED) == bug == (not UPSTREAM_FIXED), (det, bug)
     if UPSTREAM_FIXED:
@@ -146,15 +147,15 @@ def test_the_plugin_installs_only_where_sglang_lacks_the_translation():
         assert rec.status == ("not needed" if UPSTREAM_FIXED else APPLIED), rec
         assert rec.in_effect() != UPSTREAM_FIXED
         with sglang_alone():
-            assert fa3.verify_run(fa3.verify_bench()).bug_shows != UPSTREAM_FIXED
-        assert not fa3.verify_run(fa3.verify_bench()).bug_shows
+            assert fa3_check.verify_run(fa3_check.verify_bench()).bug_shows != UPSTREAM_FIXED
+        assert not fa3_check.verify_run(fa3_check.verify_bench()).bug_shows
 
 
 # ------------------------------------------------------------------ the real metadata path
 
 
 def test_kernel_receives_prefix_and_draft_tables_in_swa_space(plugin):
-    bench = fa3.verify_bench()
+    bench = fa3_check.verify_bench()
     seen = run_verify(bench)
     full = expected_rows(bench, lambda t: t)
     swa = expected_rows(bench, bench.swa_slots)
@@ -163,7 +164,7 @@ def test_kernel_receives_prefix_and_draft_tables_in_swa_space(plugin):
         got = seen["a"][r, : len(prefix)].long()
         assert not torch.equal(got, prefix), f"request {r}: the kernel got full-pool prefix indices {got.tolist()}"
         assert torch.equal(got, bench.swa_slots(prefix)), (r, got)
-    for m, attends in enumerate(fa3.TREE * len(bench.prefixes)):
+    for m, attends in enumerate(fa3_check.TREE * len(bench.prefixes)):
         n = len(attends)
         got = seen["b"][m, :n].long()
         assert int(seen["seq_len_b"][m]) == n
@@ -174,20 +175,20 @@ def test_kernel_receives_prefix_and_draft_tables_in_swa_space(plugin):
     for r, prefix in enumerate(bench.prefixes):
         assert torch.equal(md.page_table[r, : len(prefix)].long(), prefix)
         assert torch.equal(md.swa_page_table[r, : len(prefix)].long(), bench.swa_slots(prefix))
-    for m, attends in enumerate(fa3.TREE * len(bench.prefixes)):
+    for m, attends in enumerate(fa3_check.TREE * len(bench.prefixes)):
         assert torch.equal(expand.page_table[m, : len(attends)].long(), full[m][-len(attends):])
 
 
 def test_swa_spec_page_table_reads_each_requests_tokens_from_the_swa_pool(plugin):
-    bench = fa3.verify_bench()
+    bench = fa3_check.verify_bench()
     markers = write_swa_markers(bench, SWA_LAYER)
     seen = run_verify(bench)
     table = swa_spec_page_table(
         seen["dst"], seen["a"], seen["b"], seen["seq_len_a"], seen["seq_len_b"], seen["num_draft_tokens"]
     )
     k_cache = bench.pool.get_key_buffer(SWA_LAYER)
-    for m, attends in enumerate(fa3.TREE * len(bench.prefixes)):
-        r = m // len(fa3.TREE)
+    for m, attends in enumerate(fa3_check.TREE * len(bench.prefixes)):
+        r = m // len(fa3_check.TREE)
         n_prefix = len(bench.prefixes[r])
         row = table[m, : n_prefix + len(attends)].long()
         assert int(row.max()) < k_cache.shape[0], (
@@ -201,7 +202,7 @@ def test_swa_spec_page_table_reads_each_requests_tokens_from_the_swa_pool(plugin
 def test_adds_two_gathers_on_the_topk_gt1_swa_path_only(plugin):
     """The fix's cost is the two translations of upstream's own fix; a backend without a SWA
     pool (EAGLE draft-like: full-only pool, shared SWA allocator) and topk 1 are untouched."""
-    bench = fa3.verify_bench()
+    bench = fa3_check.verify_bench()
     calls = []
     translate = bench.pool.translate_loc_from_full_to_swa
 
@@ -220,23 +221,23 @@ def test_adds_two_gathers_on_the_topk_gt1_swa_path_only(plugin):
     with swapped(MOD, fa3.KERNEL, lambda *a: None):
         assert spec_calls() == [tuple(md.page_table.shape), tuple(expand.page_table.shape)]
 
-    no_swa = fa3.verify_bench(swa_pool=False)
+    no_swa = fa3_check.verify_bench(swa_pool=False)
     assert not no_swa.backend.use_sliding_window_kv_pool and no_swa.backend.has_swa
     seen = run_verify(no_swa)  # the kernel still runs: it must get the full-pool tables
     for r, prefix in enumerate(no_swa.prefixes):
         assert torch.equal(seen["a"][r, : len(prefix)].long(), prefix)
     for m, row in enumerate(expected_rows(no_swa, lambda t: t)):
-        n = len(fa3.TREE[m % len(fa3.TREE)])
+        n = len(fa3_check.TREE[m % len(fa3_check.TREE)])
         assert torch.equal(seen["b"][m, :n].long(), row[-n:])
 
-    topk1 = fa3.verify_bench(topk=1)
+    topk1 = fa3_check.verify_bench(topk=1)
     assert fa3.kernel_inputs(MOD, lambda: topk1.backend.init_forward_metadata(topk1.batch)) is None
 
 
 def test_a_failing_translation_leaves_both_page_tables_as_they_were():
     """The draft table holds an index past the pool (the real translation raises): neither
     table stays translated, and the error reaches the caller."""
-    bench = fa3.verify_bench()
+    bench = fa3_check.verify_bench()
     run_verify(bench)
     md, expand = bench.backend.forward_metadata, bench.backend.forward_metadata_spec_decode_expand
     full_a = md.page_table

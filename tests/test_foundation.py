@@ -111,7 +111,7 @@ print("RESULT=" + json.dumps(out))
 def test_third_party_fix_is_found_applied_and_runs(tmp_path):
     code = LOAD + """
 import acme_swa_fix
-from sglang_swa_plugin import testbed
+from sglang_swa_plugin.check import testbed
 pool = testbed.make_swa_pool()
 testbed.make_swa_allocator(pool)  # registers the full->SWA mapping
 pool.translate_loc_from_full_to_swa(__import__("torch").arange(3))

@@ -32,6 +32,7 @@ from helpers import child_json, has_module, needs_framework, run_child, snapshot
 from sglang_swa_plugin import core
 from sglang_swa_plugin.fix import Verdict
 from sglang_swa_plugin.hooks import frozen_kv_views as fkv
+from sglang_swa_plugin.check import frozen_kv_views as fkv_check
 from sglang_swa_plugin.patching import marked_by
 from sglang_swa_plugin.probe import swapped
 
@@ -56,7 +57,7 @@ def utils():
 
 
 def draft():
-    d = fkv.frozen_kv_draft()
+    d = fkv_check.frozen_kv_draft()
     if SEED_003:  # the seed's evidence: (False, None) cached at __init__
         assert d.backend._swa_kv_pool is None and not d.backend.use_sliding_window_kv_pool
     return d
@@ -80,12 +81,12 @@ def assert_follows_target(d):
     assert d.backend._alloc_swa_page_table(1, 1) is not None
     if fkv.MAPPING in d.backend.__dict__:
         assert d.backend._swa_full_to_swa_mapping is d.target_pool.full_to_swa_index_mapping
-    assert fkv.swa_layer_pages(d) == fkv.expected_swa_pages(d)
+    assert fkv_check.swa_layer_pages(d) == fkv_check.expected_swa_pages(d)
 
 
 def enter(view_name, d):
     view = getattr(utils(), view_name)
-    return view(*fkv.view_args(view, d))
+    return view(*fkv_check.view_args(view, d))
 
 
 # ------------------------------------------------------------------------ detection
@@ -112,7 +113,7 @@ def test_not_needed_with_the_trtllm_swa_pool_fix_installed():
     """trtllm_swa_pool re-resolves every trtllm_mha backend's SWA pool (0.5.10-0.5.12);
     a FROZEN_KV draft must keep the target SWAKVPool under it."""
     with core.temporarily_installed(core.find_fix("trtllm_swa_pool")):
-        assert fkv.scenario() == {name: True for name in fkv.VIEW_NAMES}
+        assert fkv_check.scenario().seen == {name: True for name in fkv.VIEW_NAMES}
         det = core.safe_detect(fkv.FIX)
     if SEED_003 and det.verdict is Verdict.NEEDED:
         pytest.xfail("on #25103's constructor the detection executes sglang's own statements, not "
@@ -254,7 +255,7 @@ def test_swa_page_table_is_allocated_and_bound_before_capture():
         target = self.frozen_kv_mtp_worker.kv_context.target_token_to_kv_pool
         manual = swapped(backend, "token_to_kv_pool", target) if hasattr(backend, "token_to_kv_pool") \
             else contextlib.nullcontext()
-        with manual, fkv.cpu_kernels():
+        with manual, fkv_check.cpu_kernels():
             self.frozen_kv_mtp_worker._init_frozen_kv_metadata_capture_cuda_graph(d.batch)
             seen["bound"] = backend.forward_metadata.swa_page_table
             seen["layer_table"] = backend._get_layer_page_table(d.swa_layer, d.batch)
@@ -268,14 +269,14 @@ def test_swa_page_table_is_allocated_and_bound_before_capture():
             assert seen["pool"] is d.target_pool
             assert seen["bound"] is not None and seen["bound"].data_ptr() == seen["buffer"].data_ptr()
             assert seen["layer_table"].data_ptr() == seen["buffer"].data_ptr()
-            with fkv.cpu_kernels():  # replay prep, then (0.5.15+) what the graph replays
+            with fkv_check.cpu_kernels():  # replay prep, then (0.5.15+) what the graph replays
                 worker._init_frozen_kv_metadata_replay_cuda_graph(d.batch, 1, int(d.batch.seq_lens.sum()))
                 if hasattr(d.backend, "init_forward_metadata_in_graph"):
                     with worker._frozen_kv_target_view(d.batch):
                         d.backend.init_forward_metadata_in_graph(d.batch)
             with enter("target_kv_pool_view", d):
                 table = d.backend._get_layer_page_table(d.swa_layer, d.batch)
-                expected = fkv.expected_swa_pages(d)
+                expected = fkv_check.expected_swa_pages(d)
                 assert table.data_ptr() == seen["buffer"].data_ptr()
                 assert table[0, : len(expected)].tolist() == expected
 
@@ -344,7 +345,7 @@ def test_per_step_cost_is_attribute_swaps_only():
         wrapped = utils().target_kv_pool_view
         assert marked_by(wrapped) == fkv.FIX.name
         original = wrapped.__wrapped__
-        args = fkv.view_args(wrapped, d)
+        args = fkv_check.view_args(wrapped, d)
         with Count(), CountOps():
             for _ in range(10):
                 with wrapped(*args):

@@ -16,7 +16,7 @@ SCHEDULER_LIKE = """
 import sglang.srt.managers.scheduler as scheduler
 import sglang.srt.model_executor.model_runner
 {load}
-from sglang_swa_plugin import testbed
+from sglang_swa_plugin.check import testbed
 server_args = testbed.make_server_args(testbed._tiny_model_dir("gpt_oss"), publish=False, log_level="{level}")
 scheduler.configure_logger(server_args, prefix=" TP3")
 import logging

@@ -33,6 +33,8 @@ from sglang_swa_plugin.core import APPLIED, DISABLED, PROBLEMS, decide, load_fix
 from sglang_swa_plugin.fix import ScenarioUnavailable, Verdict
 from sglang_swa_plugin.hooks import fa3_spec_translate
 from sglang_swa_plugin.hooks import swa_index_guard as guard
+from sglang_swa_plugin.check import fa3_spec_translate as fa3_check
+from sglang_swa_plugin.check import swa_index_guard as guard_check
 from sglang_swa_plugin.patching import DirectHooks, target_marked_by
 from sglang_swa_plugin.probe import swapped
 
@@ -177,8 +179,8 @@ def test_message_fits_a_cuda_assert_and_names_everything():
 
 @pytest.fixture
 def trt():
-    bench = guard.decode_bench("trtllm_mha")
-    bench.backend.forward_metadata = guard.trtllm_metadata(bench)
+    bench = guard_check.decode_bench("trtllm_mha")
+    bench.backend.forward_metadata = guard_check.trtllm_metadata(bench)
     return bench
 
 
@@ -193,7 +195,7 @@ def test_trtllm_checks_swa_layers_and_passes_swa_slots(trt):
 def test_trtllm_checks_live_entries_only(trt):
     """Past each row's KV length the table is padding the kernel never reads (0.5.14+:
     uninitialised memory); an entry inside the length is read."""
-    meta = trt.backend.forward_metadata = guard.trtllm_metadata(trt, width=12)
+    meta = trt.backend.forward_metadata = guard_check.trtllm_metadata(trt, width=12)
     assert int(meta.swa_page_table[0, 6:].min()) >= SWA_POOL_PAGES
     with guarded():
         trt.backend._get_layer_page_table(trt.swa_layer, trt.batch)
@@ -242,8 +244,8 @@ def test_trtllm_full_pool_kv_write_location_raises_named_error(trt):
 def test_check_scenario_without_and_with_guard():
     assert FIX.reproduce() is True  # nothing stops the mix-up
     with guarded():
-        res = guard.scenario()
-    assert res["caught"] and "trtllm_mha DECODE SWA layer 0" in res["message"], res
+        res = guard_check.scenario()
+    assert not res.bug and "trtllm_mha DECODE SWA layer 0" in res.seen, res
 
 
 # ------------------------------------------------------------------------ fa3
@@ -251,7 +253,7 @@ def test_check_scenario_without_and_with_guard():
 
 @pytest.fixture
 def fa3():
-    return guard.decode_bench("fa3")
+    return guard_check.decode_bench("fa3")
 
 
 def test_fa3_checks_swa_layers_and_passes_swa_slots(fa3):
@@ -298,7 +300,7 @@ def fa3_spec_method_alone():
 def verify_swa_layer(other_fixes=()):
     """Run the real TARGET_VERIFY metadata and forward_extend of an SWA layer (EAGLE3 topk 2)
     under the guard; returns what the kernel received."""
-    bench = fa3_spec_translate.verify_bench()
+    bench = fa3_check.verify_bench()
     from sglang.srt.layers.radix_attention import RadixAttention
 
     layer = RadixAttention(num_heads=4, head_dim=8, scaling=1.0, num_kv_heads=2, layer_id=0, sliding_window_size=127)

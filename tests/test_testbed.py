@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from helpers import child_json, fix_in_effect, run_child
-from sglang_swa_plugin import testbed as tb
+from sglang_swa_plugin.check import testbed as tb
 from sglang_swa_plugin.hooks.trtllm_swa_pool import FIX as SWA_POOL_FIX
 
 TRTLLM = "sglang.srt.layers.attention.trtllm_mha_backend"
@@ -216,7 +216,7 @@ def test_trtllm_forward_metadata_with_triton_interpreter():
     (trtllm_mha page tables from 0.5.14) then run on CPU."""
     proc = run_child(
         """
-        from sglang_swa_plugin import testbed as tb
+        from sglang_swa_plugin.check import testbed as tb
         pool = tb.make_swa_pool(); alloc = tb.make_swa_allocator(pool); tb.diverge(alloc, 5)
         rtt = tb.make_req_to_token_pool()
         runner = tb.make_model_runner(kv_pool=pool, allocator=alloc, req_to_token_pool=rtt,
@@ -273,7 +273,7 @@ def test_testbed_and_shims_import_nothing_heavy():
     proc = run_child(
         """
         before = set(sys.modules)
-        import sglang_swa_plugin.testbed
+        import sglang_swa_plugin.check.testbed
         new = set(sys.modules) - before
         print("RESULT=" + json.dumps(sorted(m for m in new if m.split(".")[0] in ("sglang", "torch"))))
         """

@@ -21,6 +21,7 @@ from sglang_swa_plugin.core import decide, temporarily_installed
 from sglang_swa_plugin.config import parse
 from sglang_swa_plugin.fix import Verdict
 from sglang_swa_plugin.hooks import trtllm_extend_routing as routing
+from sglang_swa_plugin.check import kernels
 from sglang_swa_plugin.patching import DirectHooks, target_marked_by
 from sglang_swa_plugin.probe import swapped
 
@@ -41,11 +42,11 @@ PREFIX = (4, 6)
 
 @pytest.fixture(scope="module")
 def bench():
-    return routing.extend_bench(num_draft_tokens=NUM_DRAFT, prefix_lens=PREFIX)
+    return kernels.extend_bench(num_draft_tokens=NUM_DRAFT, prefix_lens=PREFIX)
 
 
 def record(bench, mode, extend_lens):
-    return routing.record_extend(bench.backend, bench.batch(mode, extend_lens), bench.layers)
+    return kernels.record_extend(bench.backend, bench.batch(mode, extend_lens), bench.layers)
 
 
 def check_page_tables(bench, calls):
@@ -140,7 +141,7 @@ def test_released_routing_is_left_alone(bench):
 
 
 def test_forward_extend_signature_matches_the_hook():
-    params = list(inspect.signature(routing._backend_class().forward_extend).parameters)
+    params = list(inspect.signature(routing.backend_class().forward_extend).parameters)
     assert params[: len(FIX.target_params[routing.TARGET])] == list(FIX.target_params[routing.TARGET])
 
 

@@ -31,7 +31,8 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from helpers import HAS_PLUGIN_FRAMEWORK, child_json, main_window_snapshot, run_child, sglang_release, snapshot_carries, without_fix
 
-from sglang_swa_plugin import config, testbed as tb
+from sglang_swa_plugin import config
+from sglang_swa_plugin.check import testbed as tb
 from sglang_swa_plugin.core import temporarily_installed
 from sglang_swa_plugin.fix import Verdict
 from sglang_swa_plugin.hooks import trtllm_swa_pool as mod
@@ -437,7 +438,7 @@ def test_real_loading_path(enabled):
         from sglang.srt.plugins import load_plugins
         load_plugins()
         import sglang_swa_plugin
-        from sglang_swa_plugin import testbed as tb
+        from sglang_swa_plugin.check import testbed as tb
         swa = tb.make_swa_pool(); alloc = tb.make_swa_allocator(swa); tb.diverge(alloc)
         r2t = tb.make_req_to_token_pool()
         target = tb.make_model_runner(kv_pool=swa, allocator=alloc, req_to_token_pool=r2t, spec_algorithm="EAGLE")

@@ -22,6 +22,7 @@ import sglang.srt.model_executor.model_runner  # noqa: F401
 
 from sglang_swa_plugin.core import temporarily_installed
 from sglang_swa_plugin.fix import Verdict
+from sglang_swa_plugin.check import trtllm_xqa_spec_decode as xqa_check
 from sglang_swa_plugin.hooks import trtllm_xqa_spec_decode as xqa
 from sglang_swa_plugin.patching import target_marked_by
 from sglang_swa_plugin.probe import target_class
@@ -50,19 +51,35 @@ def test_detection_matches_what_the_backend_does():
     """The structural verdict (read at start-up) equals the behaviour of the real backend."""
     det = FIX.detect()
     with stock():
-        bad = xqa.broken(xqa.scenario())
+        bad = xqa_check.broken(xqa_check.xqa_calls())
     print(f"\nsglang {version('sglang')}: {det.verdict.value}: {det.reason}; refused calls: {len(bad)}")
     assert det.verdict in (Verdict.NEEDED, Verdict.NOT_NEEDED)
     assert (det.verdict is Verdict.NEEDED) == bool(bad)
     assert (det.verdict is Verdict.NEEDED) == (not FIXED_UPSTREAM)
 
 
+def test_the_scenario_runs_the_releases_own_mask():
+    """The scenario judges the release, not the plugin: where the release's ``__init__`` builds
+    its own spec-decode mask (0.5.21+), every mask that reaches the decode kernel without the
+    fix is a view of that mask, and nothing of ours is on ``forward_extend``."""
+    with stock():
+        assert target_marked_by(xqa.TARGET) != FIX.name
+        backend, calls = xqa_check.xqa_backend_calls()
+    own = getattr(backend, "_xqa_spec_dec_mask", None)
+    masks = [c.mask for c in calls if c.kernel == "decode" and c.mask is not None]
+    if own is None:
+        assert not masks, "a release without its own mask passed one"
+        pytest.skip(f"sglang {version('sglang')} builds no spec-decode mask of its own")
+    assert masks, "the release's own mask never reached the kernel"
+    assert all(m.untyped_storage().data_ptr() == own.untyped_storage().data_ptr() for m in masks)
+
+
 @pytest.mark.skipif(FIXED_UPSTREAM, reason="0.5.22+ passes the mask and a bf16 query itself")
 def test_without_the_fix_xqa_gets_what_it_refuses():
     with stock():
-        calls = xqa.scenario()
+        calls = xqa_check.xqa_calls()
     decode = [c for c in calls if c.kernel == "decode"]
-    assert xqa.broken(calls)
+    assert xqa_check.broken(calls)
     assert all(c.q_len_per_req == 3 for c in decode)
     # 0.5.21 (#32269) passes its own mask to TARGET_VERIFY (the first two calls) only.
     masked = [c.mask is not None for c in decode]
@@ -77,11 +94,11 @@ def test_without_the_fix_xqa_gets_what_it_refuses():
 @pytest.mark.skipif(FIXED_UPSTREAM, reason="nothing to install on 0.5.22+")
 def test_with_the_fix_every_multi_token_call_gets_bf16_and_the_causal_mask():
     with stock():
-        before = xqa.scenario()
+        before = xqa_check.xqa_calls()
         with temporarily_installed(FIX):
             assert target_marked_by(xqa.TARGET) == FIX.name
-            after = xqa.scenario()
-    assert xqa.broken(before) and not xqa.broken(after)
+            after = xqa_check.xqa_calls()
+    assert xqa_check.broken(before) and not xqa_check.broken(after)
     assert [c[:3] for c in kernels(after)] == [c[:3] for c in kernels(before)]  # routing untouched
     full = [c for c in after if c.kernel == "decode" and c.window_left < 0]
     sliding = [c for c in after if c.kernel == "decode" and c.window_left >= 0]
@@ -102,9 +119,9 @@ def test_with_the_fix_every_multi_token_call_gets_bf16_and_the_causal_mask():
 def test_on_blackwell_the_fix_changes_nothing():
     """trtllm-gen (sm100) takes FP8 queries and needs no mask: the hook must pass through."""
     with stock():
-        before = xqa.scenario(xqa=False)
+        before = xqa_check.xqa_calls(xqa=False)
         with temporarily_installed(FIX):
-            after = xqa.scenario(xqa=False)
+            after = xqa_check.xqa_calls(xqa=False)
     assert [(c.kernel, c.q_dtype, c.mask is None) for c in after] == [(c.kernel, c.q_dtype, True) for c in before]
     assert kernels(after) == kernels(before)
 

@@ -21,7 +21,8 @@ import torch
 
 import sglang.srt.model_executor.model_runner  # noqa: F401  (0.5.10: the start-up hook runs here)
 
-from sglang_swa_plugin import testbed
+from sglang_swa_plugin.check import testbed
+from sglang_swa_plugin.check import kernels
 from sglang_swa_plugin.core import temporarily_installed
 from sglang_swa_plugin.fix import Verdict
 from sglang_swa_plugin.hooks import trtllm_extend_routing as routing
@@ -45,13 +46,13 @@ def _kernels(graph, calls):
     """The module's flashinfer (and, where the release has them, its Triton page-table builder
     and FP8 quantizer) replaced by CPU recorders; kernel calls are graph steps."""
     mod = optional_module(xqa.MODULE)
-    rec = routing.kernel_recorders(calls, [-1])
+    rec = kernels.kernel_recorders(calls, [-1])
     rec.decode.trtllm_batch_decode_with_kv_cache = graph.kernel(rec.decode.trtllm_batch_decode_with_kv_cache)
     rec.prefill.trtllm_batch_context_with_kv_cache = graph.kernel(rec.prefill.trtllm_batch_context_with_kv_cache)
     with contextlib.ExitStack() as stack:
         stack.enter_context(swapped(mod, "flashinfer", rec))
         if hasattr(mod, "build_trtllm_mha_page_table"):
-            stack.enter_context(swapped(mod, "build_trtllm_mha_page_table", routing._page_table_on_cpu))
+            stack.enter_context(swapped(mod, "build_trtllm_mha_page_table", kernels.page_table_on_cpu))
         yield
 
 
@@ -108,7 +109,7 @@ MODES = ["TARGET_VERIFY", "DRAFT_EXTEND_V2"]
 
 
 def run_replays(install: bool, mode: str = "TARGET_VERIFY"):
-    bench = routing.extend_bench(num_draft_tokens=Q, prefix_lens=PREFIX)
+    bench = kernels.extend_bench(num_draft_tokens=Q, prefix_lens=PREFIX)
     backend, layers = bench.backend, bench.layers
     backend.is_xqa_impl = True
     # Rows 2 and 3: the requests' tokens in another order (other page tables, same pools).

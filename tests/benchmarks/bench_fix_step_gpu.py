@@ -23,6 +23,7 @@ import test_fa3_spec_translate_gpu as g  # noqa: E402
 from sglang_swa_plugin.core import temporarily_installed  # noqa: E402
 from sglang_swa_plugin.fix import Verdict  # noqa: E402
 from sglang_swa_plugin.hooks import fa3_spec_translate as fa3  # noqa: E402
+from sglang_swa_plugin.check import fa3_spec_translate as fa3_check  # noqa: E402
 
 
 def timed(fn, n):
@@ -43,7 +44,7 @@ def main(n=300):
     gen = torch.Generator(device="cuda").manual_seed(0)
     for layer in layers.values():
         g._write_kv(pool, layer, prefixes, drafts, gen)
-    q = torch.randn(len(g.PREFIX_LENS) * len(fa3.TREE), g.HEADS * g.HEAD_DIM, device="cuda").to(torch.bfloat16)
+    q = torch.randn(len(g.PREFIX_LENS) * len(fa3_check.TREE), g.HEADS * g.HEAD_DIM, device="cuda").to(torch.bfloat16)
     needed = fa3.FIX.detect().verdict is Verdict.NEEDED
 
     def step():

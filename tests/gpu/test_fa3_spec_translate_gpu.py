@@ -47,11 +47,12 @@ def _needs_gpu():
 
 
 def _cuda_bench():
-    """The CPU scenario's objects (fa3.verify_bench), built on the GPU."""
+    """The CPU scenario's objects (fa3_check.verify_bench), built on the GPU."""
     from sglang.srt.layers.radix_attention import RadixAttention
 
-    from sglang_swa_plugin import testbed as tb
+    from sglang_swa_plugin.check import testbed as tb
     from sglang_swa_plugin.hooks import fa3_spec_translate as fa3
+    from sglang_swa_plugin.check import fa3_spec_translate as fa3_check
 
     cls = tb.swa_classes()
     kw = dict(
@@ -68,10 +69,10 @@ def _cuda_bench():
     )
     tb.diverge(alloc, FULL_ONLY)
     req_to_token = cls.ReqToTokenPool(size=4, max_context_len=64, device="cuda", enable_memory_saver=False)
-    num_draft = len(fa3.TREE)
+    num_draft = len(fa3_check.TREE)
     runner = tb.make_model_runner(
         kv_pool=pool, allocator=alloc, req_to_token_pool=req_to_token, spec_algorithm="EAGLE3",
-        topk=2, num_steps=max(len(t) for t in fa3.TREE) - 1, num_draft_tokens=num_draft,
+        topk=2, num_steps=max(len(t) for t in fa3_check.TREE) - 1, num_draft_tokens=num_draft,
         attention_backend="fa3",
     )
     runner.device = "cuda"
@@ -80,7 +81,7 @@ def _cuda_bench():
     drafts = [tb.alloc_tokens(alloc, num_draft).cuda() for _ in PREFIX_LENS]
     rows, _ = tb.fill_requests(req_to_token, [torch.cat(pd) for pd in zip(prefixes, drafts)])
     draft_mask = torch.zeros(num_draft, num_draft, dtype=torch.bool)
-    for i, attends in enumerate(fa3.TREE):
+    for i, attends in enumerate(fa3_check.TREE):
         draft_mask[i, list(attends)] = True
     custom_mask = torch.cat([
         torch.cat([torch.ones(num_draft, n, dtype=torch.bool), draft_mask], dim=1).flatten()
@@ -89,7 +90,7 @@ def _cuda_bench():
     batch = tb.make_forward_batch(
         runner, "target_verify", req_pool_indices=rows, seq_lens=list(PREFIX_LENS),
         out_cache_loc=torch.cat(drafts).cpu(),
-        spec_info=fa3._verify_input(custom_mask, list(PREFIX_LENS), 2, num_draft),
+        spec_info=fa3_check._verify_input(custom_mask, list(PREFIX_LENS), 2, num_draft),
     )
     for name in ("req_pool_indices", "seq_lens", "out_cache_loc", "positions", "input_ids", "orig_seq_lens"):
         if getattr(batch, name, None) is not None:
@@ -104,7 +105,7 @@ def _cuda_bench():
 
 def _write_kv(pool, layer, prefixes, drafts, gen):
     """Random K/V for every token of every request, through the pool's real write path."""
-    from sglang_swa_plugin import testbed as tb
+    from sglang_swa_plugin.check import testbed as tb
 
     loc = torch.cat([torch.cat(pd) for pd in zip(prefixes, drafts)])
     k = torch.randn(len(loc), KV_HEADS, HEAD_DIM, generator=gen, device="cuda").to(torch.bfloat16)
@@ -123,19 +124,20 @@ def _write_kv(pool, layer, prefixes, drafts, gen):
 def _reference(pool, layer, q, prefixes, drafts):
     """Per draft row: softmax attention in float32 over the row's tokens (prefix, then the
     draft tokens the tree lets it see), read from the layer's own pool at the right slots."""
-    from sglang_swa_plugin import testbed as tb
+    from sglang_swa_plugin.check import testbed as tb
     from sglang_swa_plugin.hooks import fa3_spec_translate as fa3
+    from sglang_swa_plugin.check import fa3_spec_translate as fa3_check
 
     k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
     is_swa = layer.sliding_window_size > -1
     out = []
     for r, (prefix, draft) in enumerate(zip(prefixes, drafts)):
-        for i, attends in enumerate(fa3.TREE):
+        for i, attends in enumerate(fa3_check.TREE):
             full = torch.cat([prefix, draft[list(attends)]])
             slots = tb.translate(pool, full).cuda() if is_swa else full
             k = k_buf[slots].float().repeat_interleave(HEADS // KV_HEADS, dim=1)  # (L, H, D)
             v = v_buf[slots].float().repeat_interleave(HEADS // KV_HEADS, dim=1)
-            qm = q[r * len(fa3.TREE) + i].view(HEADS, HEAD_DIM).float()
+            qm = q[r * len(fa3_check.TREE) + i].view(HEADS, HEAD_DIM).float()
             p = torch.softmax(torch.einsum("hd,lhd->hl", qm, k) * layer.scaling, dim=-1)
             out.append(torch.einsum("hl,lhd->hd", p, v).reshape(-1))
     return torch.stack(out)
@@ -146,6 +148,7 @@ def run_case(with_plugin: bool) -> dict:
     from sglang_swa_plugin.core import temporarily_installed
     from sglang_swa_plugin.fix import Verdict
     from sglang_swa_plugin.hooks import fa3_spec_translate as fa3
+    from sglang_swa_plugin.check import fa3_spec_translate as fa3_check
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     pool, backend, batch, layers, prefixes, drafts = _cuda_bench()
@@ -153,7 +156,7 @@ def run_case(with_plugin: bool) -> dict:
         _write_kv(pool, layer, prefixes, drafts, gen)
     needed = fa3.FIX.detect().verdict is Verdict.NEEDED
     install = [fa3.FIX] if with_plugin and needed else []
-    n_q = len(PREFIX_LENS) * len(fa3.TREE)
+    n_q = len(PREFIX_LENS) * len(fa3_check.TREE)
     q = torch.randn(n_q, HEADS * HEAD_DIM, generator=gen, device="cuda").to(torch.bfloat16)
     result = {"with_plugin": with_plugin, "fix_needed": needed, "swa_pool_rows": pool.get_key_buffer(SWA_LAYER).shape[0]}
     with temporarily_installed(*install):
@@ -190,6 +193,7 @@ def test_without_the_plugin_the_swa_layer_reads_outside_the_swa_pool():
     _needs_gpu()
     from sglang_swa_plugin.fix import Verdict
     from sglang_swa_plugin.hooks import fa3_spec_translate as fa3
+    from sglang_swa_plugin.check import fa3_spec_translate as fa3_check
 
     if fa3.FIX.detect().verdict is not Verdict.NEEDED:
         pytest.skip("this sglang translates the page tables itself")

@@ -49,7 +49,7 @@ def _bench(kv_dtype, lengths=tuple(t for s in SETS for t in s), backend_name="tr
     """Pool, allocator, req_to_token rows 0.. (``lengths``: tokens before the drafts), runner,
     backend (``backend_name``: trtllm_mha or fa3, over the same kind of pool)."""
     os.environ.setdefault("SGLANG_FLASHINFER_WORKSPACE_SIZE", str(256 << 20))
-    from sglang_swa_plugin import testbed as tb
+    from sglang_swa_plugin.check import testbed as tb
 
     cls = tb.swa_classes()
     pages_needed = sum(-(-(n + Q) // PAGE) for n in lengths) + 5

@@ -1,14 +1,29 @@
-"""``sglang-swa-plugin check``: per fix, its CPU reproduction on the installed sglang's real
-classes, once without and once with the plugin as this environment configures it."""
+"""The check side: ``sglang-swa-plugin check`` (per fix, its CPU reproduction on the
+installed sglang's real classes, once without and once with the plugin as this environment
+configures it), the CPU testbed (``testbed``), the shared kernel recorders and CPU stand-ins
+(``kernels``) and one scenario module per fix, named like the fix. ``register()`` never
+imports anything of this package; ``Fix.reproduce`` reaches a fix's module by its dotted
+name (``Fix.check_module``).
+
+Every per-fix module has the same shape: ``scenario() -> Outcome`` (the bug shows, and
+what was seen) and ``reproduce() -> bool`` (``scenario().bug``)."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, NamedTuple, Optional
 
-from . import config as _config
-from .core import load_fixes, safe_detect, temporarily_installed
-from .doctor import _sglang_version
-from .fix import Fix, ScenarioUnavailable, Verdict
+from .. import config as _config
+from ..core import load_fixes, safe_detect, temporarily_installed
+from ..doctor import _sglang_version
+from ..fix import Fix, ScenarioUnavailable, Verdict
+
+
+class Outcome(NamedTuple):
+    """What a fix's CPU scenario found: ``bug`` (the bug shows) and ``seen`` (what the
+    scenario observed: per backend/view verdicts, recorded kernel calls, a message)."""
+
+    bug: bool
+    seen: Any = None
 
 
 def _off_reason(fix: Fix, cfg: _config.Config) -> Optional[str]:

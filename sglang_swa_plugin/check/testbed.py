@@ -28,7 +28,8 @@ import os
 import tempfile
 from types import SimpleNamespace
 
-from .probe import swapped
+from ..fix import ScenarioUnavailable
+from ..probe import swa_allocator_class, swapped
 
 __all__ = [
     "Unavailable",
@@ -60,7 +61,7 @@ __all__ = [
 ]
 
 
-class Unavailable(RuntimeError):
+class Unavailable(ScenarioUnavailable):
     """The installed sglang does not have this feature (or it cannot be built on CPU)."""
 
 
@@ -100,13 +101,9 @@ def swa_classes():
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
-    try:  # moved in 0.5.13
-        from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
-    except ImportError:
-        from sglang.srt.mem_cache.swa_memory_pool import SWATokenToKVPoolAllocator
     return SimpleNamespace(
         SWAKVPool=SWAKVPool,
-        SWATokenToKVPoolAllocator=SWATokenToKVPoolAllocator,
+        SWATokenToKVPoolAllocator=swa_allocator_class(),
         MHATokenToKVPool=MHATokenToKVPool,
         ReqToTokenPool=ReqToTokenPool,
         translate=translate,

@@ -22,6 +22,7 @@ Upstream PRs
 
 Affected versions
     sglang 0.5.10 and 0.5.11. 0.5.12 and later translate before the kernel.
+    Status by release: applied 0.5.10-0.5.11; not needed 0.5.12+.
 
 Detection
     Behavioural: the installed method is run unbound on a stand-in ``self`` whose pool

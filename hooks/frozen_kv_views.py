@@ -34,6 +34,7 @@ Affected versions
     the pool from the shared allocator (allocator-type rule); 0.5.13 and later through
     ``_resolve_swa_kv_pool``. Builds carrying #25103 without #27491 are affected, as is
     any backend whose SWA state is taken from the draft's own pool.
+    Status by release: not applicable 0.5.10-0.5.11; not needed 0.5.12+.
 
 Detection
     Behavioural, on stand-ins (no backend is built at start-up): the installed trtllm_mha

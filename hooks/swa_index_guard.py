@@ -46,6 +46,7 @@ Upstream PRs
 
 Affected versions
     Every release (0.5.10 to 0.5.23): a diagnostic, installed wherever it is asked for.
+    Status by release: off by default 0.5.10+.
 
 Detection
     Needed ("guard requested") when the guarded places exist: the trtllm_mha and fa3

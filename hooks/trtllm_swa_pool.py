@@ -38,6 +38,7 @@ Upstream PRs
 Affected versions
     0.5.10, 0.5.11, 0.5.12 (allocator-type form). Builds from main carrying #25103 alone
     or #26966 alone are affected too. 0.5.13 and later carry #27491: nothing is installed.
+    Status by release: applied 0.5.10-0.5.12; not needed 0.5.13+.
 
 Detection
     Where the class has ``_resolve_swa_kv_pool``, it is called on three stand-in runners

@@ -67,6 +67,7 @@ Affected versions
     model's strided q, which XQA misreads (measured at kernel level with flashinfer 0.7.2,
     not yet on a 0.5.22+ server: an open lead, not covered by this fix).
     Blackwell (sm100, trtllm-gen kernel) is not affected and the hook does nothing there.
+    Status by release: applied 0.5.10-0.5.21; not needed 0.5.22+.
 
 Detection
     Structure of the installed ``forward_extend`` (its syntax tree, shared with

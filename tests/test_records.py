@@ -1,8 +1,11 @@
-"""The records stay true: README's "What it fixes" table says for each release what the fix's
-detection decides on that release's real code (each matrix env checks its own column) and
-what the module record's "Affected versions" says (no release, or the releases it names), it
-lists exactly the built-in fixes, and no module record cites sglang line numbers (they move
-with every commit; records name functions and branches)."""
+"""The records stay true. Each module record's "Affected versions" ends with one line,
+``Status by release: <status> 0.5.a-0.5.b; <status> 0.5.c+``: the single source of the
+per-release table. README's "What it fixes" release columns are that line rendered (checked
+cell by cell; ``python tests/test_records.py`` prints the rendered cells), each matrix env
+checks that the fix's detection on its real code gives the record's status, the prose of the
+record agrees (no release, or the releases it names), the table lists exactly the built-in
+fixes, and no module record cites sglang line numbers (they move with every commit; records
+name functions and branches)."""
 
 from __future__ import annotations
 
@@ -32,18 +35,42 @@ def fixes_table() -> dict:
     return {re.search(r"`(\w+)`", r[0]).group(1): dict(zip(header, r)) for r in body}
 
 
-def expected_status(cell: str, minor: int) -> str:
-    """A cell's status for release 0.5.<minor>: a plain status, or "applied through 0.5.N;
-    not needed on 0.5.M+"."""
-    through = re.match(r"applied through 0\.5\.(\d+)", cell)
-    if through:
-        return "applied" if minor <= int(through.group(1)) else "not needed"
-    return next(s for s in ("not applicable", "not needed", "applied") if cell.startswith(s))
+LAST_RELEASE = 23  # the newest release of the test matrix: "0.5.N+" spans up to it
 
 
 def affected_section(module) -> str:
     doc = importlib.import_module(module).__doc__
     return re.split(r"\n(?:Detection|Delete when)\n", doc.split("\nAffected versions\n", 1)[1])[0]
+
+
+def record_statuses(module) -> dict:
+    """{minor: status} for 0.5.10..0.5.LAST_RELEASE from the record's "Status by release" line."""
+    line = re.search(r"Status by release: (.+?)\.?\n", affected_section(module) + "\n")
+    assert line, f"{module}: no 'Status by release:' line in its record"
+    out = {}
+    for part in line.group(1).split(";"):
+        m = re.fullmatch(r"\s*(.+?) 0\.5\.(\d+)(?:-0\.5\.(\d+)|(\+))?\s*", part)
+        assert m, (module, part)
+        lo = int(m.group(2))
+        hi = LAST_RELEASE if m.group(4) else int(m.group(3) or lo)
+        out.update({minor: m.group(1) for minor in range(lo, hi + 1)})
+    assert sorted(out) == list(range(10, LAST_RELEASE + 1)), (module, sorted(out))
+    return out
+
+
+def rendered_cells(module) -> dict:
+    """README's release cells of ``module``'s row, rendered from its record."""
+    st = record_statuses(module)
+    cells = {f"0.5.{minor}": st[minor] for minor in range(10, 14)}
+    tail = [(minor, st[minor]) for minor in range(14, LAST_RELEASE + 1)]
+    changes = [(m, s) for i, (m, s) in enumerate(tail) if i == 0 or tail[i - 1][1] != s]
+    if len(changes) == 1:
+        cells["0.5.14+"] = changes[0][1]
+    else:
+        ends = [m - 1 for m, _ in changes[1:]]
+        parts = [f"{s} through 0.5.{end}" for (_, s), end in zip(changes, ends)]
+        cells["0.5.14+"] = "; ".join(parts) + f"; {changes[-1][1]} on 0.5.{changes[-1][0]}+"
+    return cells
 
 
 def named_releases(text: str) -> set:
@@ -63,30 +90,38 @@ def test_readme_table_lists_the_builtin_fixes():
     assert set(fixes_table()) == {m.rsplit(".", 1)[1] for m in BUILTIN_MODULES}
 
 
+@pytest.mark.parametrize("module", BUILTIN_MODULES)
+def test_readme_release_columns_are_the_record_rendered(module):
+    row = fixes_table()[module.rsplit(".", 1)[1]]
+    want = rendered_cells(module)
+    assert {col: row[col] for col in want} == want
+
+
 @pytest.mark.parametrize("module", [m for m in BUILTIN_MODULES if m.rsplit(".", 1)[1] not in OPT_IN])
-def test_readme_column_of_this_release_is_what_detection_says(module):
+def test_this_release_detection_is_the_record(module):
     minor = _release_minor()
     if minor is None or main_window_snapshot():
-        pytest.skip(f"sglang {version('sglang')} is no release: README's table has no column for it")
-    name = module.rsplit(".", 1)[1]
-    row = fixes_table()[name]
-    cell = row.get(f"0.5.{minor}") or row["0.5.14+"]
+        pytest.skip(f"sglang {version('sglang')} is no release: the records have no status for it")
     det = importlib.import_module(module).FIX.detect()
-    assert STATUS.get(det.verdict) == expected_status(cell, minor), (name, cell, det)
+    assert STATUS.get(det.verdict) == record_statuses(module)[minor], (module, det)
 
 
 @pytest.mark.parametrize("module", [m for m in BUILTIN_MODULES if m.rsplit(".", 1)[1] not in OPT_IN])
-def test_readme_row_agrees_with_the_module_record(module):
-    row = fixes_table()[module.rsplit(".", 1)[1]]
-    applied = {int(col.split(".")[2].rstrip("+")) for col, cell in row.items()
-               if col.startswith("0.5.") and cell.startswith("applied")}
-    record = affected_section(module)
-    assert record.lstrip().startswith("No release") == (not applied), (row, record)
+def test_record_prose_agrees_with_its_status_line(module):
+    applied = {minor for minor, st in record_statuses(module).items() if st == "applied"}
+    record = affected_section(module).split("Status by release:")[0]
+    assert record.lstrip().startswith("No release") == (not applied), record
     assert applied <= named_releases(record), (applied, record)
 
 
 def test_records_cite_no_line_numbers():
     hooks = Path(importlib.import_module("sglang_swa_plugin.hooks").__file__).parent
-    cited = {p.name: re.findall(r"\bL\d+(?:-L?\d+)?\b|\blines? \d+", (p.read_text().split('"""')[1]))
+    pattern = r"\bL\d+(?:-L?\d+)?\b|\blines? \d+|\.py:\d+|#L\d+"
+    cited = {p.name: re.findall(pattern, (p.read_text().split('"""')[1]))
              for p in hooks.glob("*.py") if p.read_text().startswith('"""')}
     assert not any(cited.values()), cited
+
+
+if __name__ == "__main__":  # print the release cells README's table must carry
+    for mod in BUILTIN_MODULES:
+        print(mod.rsplit(".", 1)[1], "|", " | ".join(rendered_cells(mod).values()))

@@ -102,8 +102,9 @@ def tests(session: nox.Session, sglang: str) -> None:
 
 
 @nox.session(python="3.11")
-# In CI: the four together took 6m39s on 2 shared cores (warm package cache); without the
-# snapshots' folder each one skips.
+# In CI: the four together took 6m39s on 2 shared cores (warm package cache); their pytest
+# runs (MAIN_WINDOW_TESTS) take 44-77 s each on 2 busy shared cores (S1 58, S2 77, S3 44,
+# S4 62 s). Without the snapshots' folder each one skips.
 @nox.parametrize("snapshot", [nox.param(s, id=s, tags=["ci"]) for s in SNAPSHOTS])
 def mainwindow(session: nox.Session, snapshot: str) -> None:
     """The fixes' tests on an upstream main commit: the nearest release's env with its

@@ -136,6 +136,9 @@ def test_moved_target_is_skipped_with_one_warning_naming_it(tmp_path):
 
 STRICT_PROBE = LOAD + """
 from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang_swa_plugin.patching import target_marked_by
+from sglang_swa_plugin.startup import STRICT_GATE_TARGET
+print("GATE=" + json.dumps(target_marked_by(STRICT_GATE_TARGET)))
 try:
     ModelRunner.__init__(object.__new__(ModelRunner))
 except Exception as e:
@@ -151,11 +154,17 @@ def test_strict_mode_stops_startup_naming_the_fix(tmp_path):
 
 
 @needs_framework
-def test_strict_mode_passes_through_when_all_is_well():
-    proc = run_child(STRICT_PROBE, SGLANG_SWA_PLUGIN_STRICT="1")
+@pytest.mark.parametrize("strict", ("1", "0"))
+def test_strict_mode_passes_through_when_all_is_well(strict):
+    """Strict mode puts its gate on ModelRunner.__init__ (and only strict mode does); with
+    nothing wrong the gate lets sglang's real constructor run, which then fails on the
+    missing arguments, as without the plugin."""
+    from sglang_swa_plugin.startup import STRICT_GATE
+
+    proc = run_child(STRICT_PROBE, SGLANG_SWA_PLUGIN_STRICT=strict)
+    assert child_json(proc, "GATE") == (STRICT_GATE if strict == "1" else None)
     kind, msg = child_json(proc, "ERR")
-    # Our gate let the real constructor run; it then failed on the missing arguments.
-    assert kind == "TypeError", msg
+    assert kind == "TypeError" and "missing" in msg and "argument" in msg, msg
 
 
 # ------------------------------------------------------------------------ settings
@@ -219,12 +228,32 @@ def test_doctor_says_no_plugin_framework(tmp_path):
 # ------------------------------------------------------------------------ contracts
 
 
+RECORD = ("Bug", "Upstream PRs", "Affected versions", "Detection", "Delete when")
+
+
+def record_sections(doc: str) -> list:
+    """[(heading, body)] of a module record: a heading is an unindented line that is exactly
+    one of RECORD's names; its body is the indented text up to the next unindented line."""
+    out = []
+    for line in doc.splitlines():
+        if line in RECORD:
+            out.append((line, []))
+        elif out and (line.startswith(" ") or not line.strip()):
+            out[-1][1].append(line.strip())
+        elif out and line.strip():
+            out.append((None, []))  # unindented text: the section before it has ended
+    return [(h, " ".join(b).strip()) for h, b in out if h is not None]
+
+
 @pytest.mark.parametrize("modname", BUILTIN_MODULES)
 def test_every_builtin_module_carries_its_record(modname):
+    """The module docstring holds the five record sections, each once, in order, each with
+    an indented body (a word somewhere in the prose is not a record)."""
     mod = pytest.importorskip(modname)
-    doc = inspect.getdoc(mod) or ""
-    for word in ("Bug", "Upstream", "Affected", "Detect", "Delete"):
-        assert word.lower() in doc.lower(), f"{modname} record lacks {word!r}"
+    sections = record_sections(inspect.getdoc(mod) or "")
+    assert [h for h, _ in sections] == list(RECORD), f"{modname} record sections: {[h for h, _ in sections]}"
+    empty = [h for h, body in sections if not body]
+    assert not empty, f"{modname} record has empty sections: {empty}"
 
 
 def _needed_fixes():

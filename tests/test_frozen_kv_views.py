@@ -287,7 +287,7 @@ def _draft_input(d):
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
     from sglang.srt.speculative.frozen_kv_mtp_info import FrozenKVMTPDraftInput
 
-    from sglang_swa_plugin import testbed
+    from sglang_swa_plugin.check import testbed
 
     return testbed._call_with_supported(
         FrozenKVMTPDraftInput, topk_p=torch.ones(1, 1), topk_index=torch.zeros(1, 1, dtype=torch.int64),

@@ -206,7 +206,7 @@ def make_llama4_pair(root: str, seed: int = 4, chunk: int = LLAMA4_CHUNK) -> tup
         max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=500000.0,
         rope_parameters={"rope_theta": 500000.0, "rope_type": "default"}, rope_scaling=None,
         attention_chunk_size=chunk, no_rope_layers=[int((i + 1) % 4 != 0) for i in range(L)],
-        no_rope_layer_interval=4, interleave_moe_layer_step=0, moe_layers=[], num_local_experts=1,
+        no_rope_layer_interval=4, interleave_moe_layer_step=0, moe_layers=[], num_local_experts=0,
         num_experts_per_tok=1, use_qk_norm=False, attn_temperature_tuning=False, floor_scale=8192,
         attn_scale=0.1, attention_bias=False, hidden_act="silu", tie_word_embeddings=False,
         bos_token_id=1, eos_token_id=2, pad_token_id=0, torch_dtype="bfloat16",

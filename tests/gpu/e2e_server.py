@@ -22,6 +22,9 @@ Scenarios:
                seed 001 with a draft the target accepts (make_eagle_pair): trtllm_mha decode
                + fa3 prefill, EAGLE topk 1; draft proposals and accept length against
                --disable-hybrid-swa-memory, without and with the plugin.
+  llama4_fa3   issue #19: a tiny Llama 4 (chunked layers in the SWA pool) on FA3, page size 1
+               and 16, plain decode and EAGLE3 topk 1 / 2, without and with the plugin,
+               against plain decode on one pool (--disable-hybrid-swa-memory).
   cost         decode throughput for COST_SETTINGS (plugin on / off / on with the guard),
                alternating, warm servers, several repetitions.
 Each scenario writes DIR/<scenario>.json and the server logs DIR/<run>.log.
@@ -175,6 +178,80 @@ def make_swa_pair(root: str) -> tuple:
     positions: most verify steps carry accepted draft rows, whose logits come from verify
     rows 1-3."""
     return make_readout_pair(root, "swa", 2, (0.1, 0.03, 0.1, 0.03), draft_copies=None)
+
+
+LLAMA4_CHUNK = 32  # attention_chunk_size of the tiny Llama 4 (a multiple of page size 16)
+
+
+def make_llama4_pair(root: str, seed: int = 4, chunk: int = LLAMA4_CHUNK) -> tuple:
+    """A tiny text-only ``Llama4ForConditionalGeneration`` (the one Llama 4 architecture sglang
+    serves on the hybrid SWA pool and with chunked attention) and a tiny EAGLE3 draft.
+
+    Target: 4 dense layers (``interleave_moe_layer_step`` 0, ``moe_layers`` []): layers 0-2
+    are chunked ("local", RoPE) and sit in the SWA pool, layer 3 is global (NoPE) in the full
+    pool, as sglang's Llama 4 code fixes it ((i + 1) % 4). No vision weights in the checkpoint
+    and multimodal off (sglang's default for Llama 4): no processor or tokenizer is needed with
+    --skip-tokenizer-init. Readout design as make_readout_pair: embeddings +-1, norms 1, every
+    MLP's down projection zero, so only attention adds to the residual; the chunked layers'
+    o_proj is scaled 0.1, the global layer's 0.03, so the chunked layers decide most next-token
+    choices. Draft: ``LlamaForCausalLMEagle3`` config only (served with dummy weights), reading
+    target layers 0-2."""
+    import torch
+    from safetensors.torch import save_file
+
+    H, V, FF, NH, NKV, HD, L = 256, 2048, 512, 4, 2, 64, 4
+    text = dict(
+        model_type="llama4_text", vocab_size=V, hidden_size=H, intermediate_size=FF, intermediate_size_mlp=FF,
+        num_hidden_layers=L, num_attention_heads=NH, num_key_value_heads=NKV, head_dim=HD,
+        max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_parameters={"rope_theta": 500000.0, "rope_type": "default"}, rope_scaling=None,
+        attention_chunk_size=chunk, no_rope_layers=[int((i + 1) % 4 != 0) for i in range(L)],
+        no_rope_layer_interval=4, interleave_moe_layer_step=0, moe_layers=[], num_local_experts=0,
+        num_experts_per_tok=1, use_qk_norm=False, attn_temperature_tuning=False, floor_scale=8192,
+        attn_scale=0.1, attention_bias=False, hidden_act="silu", tie_word_embeddings=False,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, torch_dtype="bfloat16",
+    )
+    vision = dict(model_type="llama4_vision_model", hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  intermediate_size=128, image_size=336, patch_size=14, num_channels=3, vision_output_dim=64,
+                  projector_input_dim=64, projector_output_dim=64, pixel_shuffle_ratio=0.5, rope_theta=10000)
+    cfg = dict(architectures=["Llama4ForConditionalGeneration"], model_type="llama4", text_config=text,
+               vision_config=vision, image_token_index=V - 1, boi_token_index=V - 2, eoi_token_index=V - 3,
+               tie_word_embeddings=False, torch_dtype="bfloat16")
+    target = os.path.join(root, "target_llama4")
+    os.makedirs(target, exist_ok=True)
+    with open(os.path.join(target, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    with open(os.path.join(target, "generation_config.json"), "w") as f:
+        json.dump({}, f)
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda *shape: (torch.randn(*shape, generator=g) * 0.1).to(torch.bfloat16)
+    p = "language_model.model."
+    w = {p + "embed_tokens.weight": (torch.randint(0, 2, (V, H), generator=g) * 2 - 1).to(torch.bfloat16),
+         p + "norm.weight": torch.ones(H, dtype=torch.bfloat16), "language_model.lm_head.weight": rnd(V, H)}
+    for i in range(L):
+        q = f"{p}layers.{i}."
+        scale = 0.1 if (i + 1) % 4 else 0.03
+        w[q + "self_attn.q_proj.weight"] = rnd(NH * HD, H)
+        w[q + "self_attn.k_proj.weight"] = rnd(NKV * HD, H)
+        w[q + "self_attn.v_proj.weight"] = rnd(NKV * HD, H)
+        w[q + "self_attn.o_proj.weight"] = (rnd(H, NH * HD).float() * scale).to(torch.bfloat16)
+        w[q + "input_layernorm.weight"] = torch.ones(H, dtype=torch.bfloat16)
+        w[q + "post_attention_layernorm.weight"] = torch.ones(H, dtype=torch.bfloat16)
+        w[q + "feed_forward.gate_proj.weight"] = rnd(FF, H)
+        w[q + "feed_forward.up_proj.weight"] = rnd(FF, H)
+        w[q + "feed_forward.down_proj.weight"] = torch.zeros(H, FF, dtype=torch.bfloat16)
+    save_file(w, os.path.join(target, "model.safetensors"))
+
+    draft = os.path.join(root, "draft_llama4_eagle3")
+    os.makedirs(draft, exist_ok=True)
+    d = dict(architectures=["LlamaForCausalLMEagle3"], model_type="llama", vocab_size=V, draft_vocab_size=V,
+             hidden_size=H, target_hidden_size=H, intermediate_size=FF, num_hidden_layers=1,
+             num_attention_heads=NH, num_key_value_heads=NKV, head_dim=HD, max_position_embeddings=4096,
+             rms_norm_eps=1e-5, rope_theta=500000.0, hidden_act="silu", tie_word_embeddings=False,
+             torch_dtype="bfloat16", eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 2]})
+    with open(os.path.join(draft, "config.json"), "w") as f:
+        json.dump(d, f, indent=1)
+    return target, draft
 
 
 class Server:
@@ -518,6 +595,67 @@ def scenario_batched_decode(out, _target, _draft):
     return res
 
 
+def scenario_llama4_fa3(out, _target, _draft):
+    """Issue #19: Llama 4 chunked ("local") layers on FA3, the SWA-pool layers of the hybrid
+    pool. Target: make_llama4_pair (chunk 32; its chunked layers decide its output). 32
+    prompts of 130 tokens (4 chunks + 2), 64 new tokens, 32 at once, greedy, CUDA graphs on
+    unless a key says "eager". Per page size (1, 16): the reference is plain decode with
+    --disable-hybrid-swa-memory and the plugin loaded (one KV pool: no full->SWA translation
+    at all); against it:
+      nospec_{off,on}      plain decode on the hybrid pool without / with the plugin. Item 1
+                           (page ids pushed through the token-slot mapping in the decode
+                           graph's local-attention metadata) shows at page 16 without it.
+      nospec_nohybrid_off  page 16 only: the reference without the plugin; the eager half
+                           (#32902: the eager local table is never turned into page ids)
+                           shows here, on one pool.
+      e3k1_{off,on}        EAGLE3 topk 1 (dummy draft): item 2, chunked layers in CUDA-graph
+                           TARGET_VERIFY get no local-attention metadata and read the
+                           full-pool page table in the SWA buffer, over the whole context.
+      e3k1_nohybrid        page 1: the same on one pool (no index-space mix-up, the chunk is
+                           still lost in graph verify): tells the two halves of item 2 apart.
+      e3k1_eager_off       page 1: graphs off, where topk-1 verify does build local metadata.
+      e3k2_{off,on}        page 1 only: EAGLE3 topk 2 (eager-built and graph verify carry no
+                           local metadata for topk > 1). Page 16 with topk 2 stops on sglang's
+                           own assert (topk > 1 with page size > 1 on a model with a window).
+    Each judged against its page size's reference (identical requests, first-divergence
+    bands), plus crash / illegal memory access, accept length, and the plugin's log lines."""
+    root = tempfile.mkdtemp(prefix="swa_llama4_")
+    target, draft = make_llama4_pair(root)
+    reqs = prompts(32, 130, seed=19)
+    nohy = ["--disable-hybrid-swa-memory"]
+    runs = {}
+    for ps in (1, 16):
+        base = [a for a in BASE]
+        base[base.index("--page-size") + 1] = str(ps)
+        base[base.index("--max-total-tokens") + 1] = "8192"
+        base[base.index("--swa-full-tokens-ratio") + 1] = "0.25"
+        common = base + ["--model-path", target, "--attention-backend", "fa3", "--cuda-graph-max-bs", "32"]
+        e3k1, e3k2 = eagle3(draft, topk=1), eagle3(draft, topk=2)
+        rows = {"ref": (common + nohy, ON), "nospec_off": (common, OFF), "nospec_on": (common, ON),
+                "e3k1_off": (common + e3k1, OFF), "e3k1_on": (common + e3k1, ON)}
+        if ps == 1:
+            rows.update({"e3k1_nohybrid": (common + e3k1 + nohy, ON), "e3k1_eager_off": (eager(common + e3k1), OFF),
+                         "e3k2_off": (common + e3k2, OFF), "e3k2_on": (common + e3k2, ON)})
+        else:
+            rows["nospec_nohybrid_off"] = (common + nohy, OFF)
+        for key, (args, env) in rows.items():
+            runs[f"ps{ps}_{key}"] = (f"llama4_ps{ps}_{key}", out, args, env, reqs, 64)
+    res = run_many(runs)
+    for ps in (1, 16):
+        mine = {k[len(f"ps{ps}_"):]: v for k, v in res.items() if k.startswith(f"ps{ps}_")}
+        res[f"ps{ps}_judged"] = judged(mine, "ref")
+        res[f"ps{ps}_reference_distinct_outputs"] = len({tuple(o) for o in mine["ref"].get("outputs") or [] if o})
+    cmp = compare(res["ps16_ref"].get("outputs") or [], res["ps1_ref"].get("outputs") or [])
+    res["ps16_ref_vs_ps1_ref"] = {**cmp, "bands": first_divergences(cmp)}
+    for key, r in res.items():
+        if isinstance(r, dict) and "name" in r:
+            log = os.path.join(out, r["name"] + ".log")
+            text = open(log, errors="replace").read() if os.path.exists(log) else ""
+            r["illegal_memory_access"] = "illegal memory access" in text
+            r["assert_lines"] = [l[-200:] for l in text.splitlines() if "AssertionError" in l or "page size > 1" in l][:3]
+    return res
+
+
 SETTINGS = {"off": OFF, "on": ON, "guard": {**ON, "SGLANG_SWA_PLUGIN_GUARD": "1"}}
 
 
@@ -550,7 +688,8 @@ def scenario_cost(out, target, _draft, reps: int = int(os.environ.get("COST_REPS
 
 SCENARIOS = {"trtllm_eagle_accept": scenario_trtllm_eagle_accept, "xqa_verify": scenario_xqa_verify,
              "fa3_seq": scenario_fa3_seq, "fa3_eagle3": scenario_fa3_eagle3, "fa3_control": scenario_fa3_control,
-             "guard_server": scenario_guard_server, "batched_decode": scenario_batched_decode, "cost": scenario_cost}
+             "guard_server": scenario_guard_server, "batched_decode": scenario_batched_decode, "cost": scenario_cost,
+             "llama4_fa3": scenario_llama4_fa3}
 
 
 def _summary(res: dict) -> dict:
@@ -563,8 +702,9 @@ def _summary(res: dict) -> dict:
         elif isinstance(v, dict) and "name" in v:
             summary[k] = {x: v.get(x) for x in ("accept_length", "cuda_graph", "crash", "error", "startup_s", "errors",
                                                 "assertions", "round_tok_per_s", "steps_with_index_spaces_apart",
-                                                "guard_message") if v.get(x) not in (None, [], False)}
-            summary[k]["plugin_log"] = [l[-110:] for l in v.get("plugin_log", []) if "trtllm_xqa" in l or "guard" in l][:2]
+                                                "guard_message", "illegal_memory_access", "assert_lines") if v.get(x) not in (None, [], False)}
+            summary[k]["plugin_log"] = [l[-110:] for l in v.get("plugin_log", [])
+                                        if "trtllm_xqa" in l or "guard" in l or "fa3_local_attn_pages" in l][:2]
         elif isinstance(v, dict):
             summary[k] = _summary(v)
         elif not isinstance(v, list):

@@ -1,0 +1,292 @@
+"""fa3_local_attn_pages: FA3 chunked (Llama 4 "local") attention gets page ids, in the right pool.
+
+Bug
+    Llama 4's chunked layers (``use_irope``) are the SWA-pool layers of sglang's hybrid pool.
+    FA3 gives them a block table of chunk-aligned "virtual" requests, built by
+    ``make_local_attention_virtual_batches`` from a page table whose columns must be pages
+    and whose values must be page ids of the layer's own pool. With ``--page-size`` > 1:
+    - CUDA-graph decode (``_maybe_update_local_attn_metadata_for_replay``): the decode graph
+      metadata already holds PAGE ids (and ``swa_page_table`` the same table in the SWA pool),
+      but on the hybrid pool the method pushes the full-pool page ids through
+      ``translate_loc_from_full_to_swa``, a TOKEN-slot mapping, and slices the page table by
+      tokens: the chunked layers read unrelated SWA pages, or past the SWA buffer (CUDA
+      illegal memory access under concurrent decode).
+    - eager (``_maybe_init_local_attn_metadata``: prefill, and topk-1 target verify): the
+      metadata holds one TOKEN slot per column and it is handed over as if it were a page
+      table (no stride, no division by the page size), on either pool.
+    - both shrink the chunk to ``min(chunk, longest sequence)`` rounded down to the page
+      size, so with short requests a sequence's chunk starts at the wrong token.
+    This module backports upstream's final form: eager, translate the token table (hybrid
+    pool), keep one column per page and divide by the page size; CUDA graphs, read
+    ``swa_page_table`` (hybrid pool) or ``page_table`` as they are, sliced by pages; the
+    chunk size is kept as configured; the capture-time view of the block table is as wide
+    as a chunk's pages, as upstream captures it. Page size 1 is left to sglang (its tables
+    are the same in token and page space there).
+
+Upstream PRs
+    #32902 (eager page ids, chunk size kept; 0.5.20), #37733 and #38187
+    (``LocalAttentionMetadataBuilder._graph_page_table``: the CUDA-graph half; 0.5.22).
+
+Affected versions
+    0.5.10-0.5.19: eager and CUDA-graph halves. 0.5.20 and 0.5.21: the CUDA-graph half.
+    0.5.22 and later: neither (nothing is installed).
+
+Detection
+    Behavioural, on CPU: the installed methods (or, where they moved, upstream's
+    ``LocalAttentionMetadataBuilder``) are run on a stand-in backend with page size 16,
+    chunk 32, and a real ``SWAKVPool`` mapping whose full and SWA pages differ; the block
+    table they build is compared with the SWA pages of the request's chunks, per half. A
+    half that misses them is needed; both right: not needed. Anything else: unknown.
+
+Delete when
+    The oldest supported sglang is 0.5.22 or later.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+from sglang_swa_plugin.fix import Detection, Fix, hookimpl
+from sglang_swa_plugin.probe import optional_module, target_class
+
+logger = logging.getLogger("sglang.srt.plugins.swa_plugin")
+
+MODULE = "sglang.srt.layers.attention.flashattention_backend"
+BUILDER_MODULE = "sglang.srt.layers.attention.local_attention"  # 0.5.22+
+CLASS = MODULE + ".FlashAttentionBackend"
+EAGER = CLASS + "._maybe_init_local_attn_metadata"
+CAPTURE = CLASS + "._maybe_update_local_attn_metadata_for_capture"
+REPLAY = CLASS + "._maybe_update_local_attn_metadata_for_replay"
+SPLITTER = "make_local_attention_virtual_batches"
+PRESERVE = "preserve_attn_chunk_size"
+
+# The detection probe: page size 16, chunk 32, one request of 48 tokens on full pages
+# 5, 6, 7 whose SWA pages are 1, 2, 3.
+_PS, _CHUNK, _FULL_PAGES, _SWA_PAGES = 16, 32, (5, 6, 7), (1, 2, 3)
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+# ---------------------------------------------------------------------------- the fix
+
+
+def local_batches(chunk: int, cu_seqlens_q_np, seq_lens_np, page_table, page_size: int):
+    """sglang's own splitter with the chunk size kept as configured. Where the splitter
+    has no ``preserve_attn_chunk_size`` it shrinks the chunk to the longest sequence; one
+    extra request of exactly one chunk keeps it whole, and its virtual request is dropped."""
+    import numpy as np
+
+    split = getattr(optional_module(MODULE), SPLITTER)
+    if PRESERVE in inspect.signature(split).parameters:
+        return split(chunk, cu_seqlens_q_np, seq_lens_np, page_table, page_size, **{PRESERVE: True})
+    if int(seq_lens_np.max()) >= chunk:  # the splitter keeps the chunk (a multiple of the page size)
+        return split(chunk, cu_seqlens_q_np, seq_lens_np, page_table, page_size)
+    torch = _torch()
+    cu = np.append(cu_seqlens_q_np, cu_seqlens_q_np[-1] + 1).astype(cu_seqlens_q_np.dtype)
+    lens = np.append(seq_lens_np, chunk).astype(seq_lens_np.dtype)
+    table = torch.cat([page_table, page_table.new_zeros(1, page_table.shape[1])])
+    q, cu_q, k, blocks = split(chunk, cu, lens, table, page_size)
+    return q[:-1], cu_q[:-1], k[:-1], blocks[:-1]
+
+
+def _local_metadata_class(metadata):
+    cls = getattr(type(metadata), "LocalAttentionMetadata", None)
+    if cls is None:  # 0.5.22+ keeps it in the builder module
+        cls = getattr(optional_module(BUILDER_MODULE), "LocalAttentionMetadata")
+    return cls
+
+
+def _eager_with_pages(original, self, forward_batch, metadata, device, *args, **kwargs):
+    if self.page_size <= 1 or not self.has_local_attention:
+        return original(self, forward_batch, metadata, device, *args, **kwargs)
+    torch = _torch()
+    table, cu_q, lens = metadata.page_table, metadata.cu_seqlens_q, metadata.cache_seqlens_int32
+    if table is None or cu_q is None or lens is None:
+        metadata.local_attn_metadata = None
+        return None
+    if self.use_sliding_window_kv_pool:  # token slots: the full->SWA mapping applies
+        table = self.token_to_kv_pool.translate_loc_from_full_to_swa(table).to(torch.int32)
+    table = table[:, :: self.page_size] // self.page_size  # one column per page, page ids
+    q, cu_local, k, blocks = local_batches(self.attention_chunk_size, cu_q.cpu().numpy(), lens.cpu().numpy(),
+                                           table, self.page_size)
+    metadata.local_attn_metadata = _local_metadata_class(metadata)(
+        local_query_start_loc=torch.from_numpy(cu_local).to(device),
+        local_seqused_k=torch.from_numpy(k).to(device),
+        local_block_table=blocks.to(device),
+        local_max_query_len=int(q.max()),
+        local_max_seq_len=int(k.max()),
+    )
+    return None
+
+
+def _capture_chunk_wide(original, self, metadata, bs, *args, **kwargs):
+    result = original(self, metadata, bs, *args, **kwargs)
+    lam = getattr(metadata, "local_attn_metadata", None)
+    if self.page_size > 1 and self.has_local_attention and lam is not None:
+        buf = self.decode_cuda_graph_local_attn_metadata["local_block_table"]
+        pages = max(1, self.attention_chunk_size // self.page_size)
+        lam.local_block_table = buf[: lam.local_block_table.shape[0], :pages]
+    return result
+
+
+def _replay_with_page_ids(original, self, metadata, bs, *args, **kwargs):
+    if self.page_size <= 1 or not self.has_local_attention:
+        return original(self, metadata, bs, *args, **kwargs)
+    torch = _torch()
+    bufs = self.decode_cuda_graph_local_attn_metadata
+    q_buf, k_buf, block_buf = bufs["local_query_start_loc"], bufs["local_seqused_k"], bufs["local_block_table"]
+    lens = metadata.cache_seqlens_int32[:bs]
+    max_len = int(lens.max().item())
+    # The graph metadata holds page ids already; swa_page_table is that table in the SWA pool.
+    table = metadata.swa_page_table if self.use_sliding_window_kv_pool else metadata.page_table
+    table = table[:bs, : (max_len + self.page_size - 1) // self.page_size]
+    cu_q = torch.arange(bs + 1, dtype=torch.int32).numpy()  # decode: one query token each
+    q, cu_local, k, blocks = local_batches(self.attention_chunk_size, cu_q, lens.cpu().numpy(), table, self.page_size)
+    device = q_buf.device
+    cu_local, k_local, blocks = torch.from_numpy(cu_local).to(device), torch.from_numpy(k).to(device), blocks.to(device)
+    nq, nk, (b0, b1) = cu_local.shape[0], k_local.shape[0], blocks.shape
+    q_buf[:nq].copy_(cu_local)
+    q_buf[nq:].fill_(0)
+    k_buf[:nk].copy_(k_local)
+    k_buf[nk:].fill_(0)
+    block_buf[:b0, :b1].copy_(blocks)
+    block_buf[b0:, :].fill_(0)
+    block_buf[:b0, b1:].fill_(0)
+    if metadata.local_attn_metadata is not None:
+        metadata.local_attn_metadata.local_max_query_len = int(q.max())
+        metadata.local_attn_metadata.local_max_seq_len = int(k.max())
+    return None
+
+
+# ---------------------------------------------------------------------------- detection
+
+
+def _probe_pool():
+    """A real ``SWAKVPool`` object carrying only its full->SWA token mapping (no buffers):
+    full pages 5, 6, 7 hold the SWA pages 1, 2, 3."""
+    torch = _torch()
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+    pool = object.__new__(SWAKVPool)
+    mapping = torch.zeros(_PS * 16 + 1, dtype=torch.int64)
+    for f, s in zip(_FULL_PAGES, _SWA_PAGES):
+        mapping[f * _PS:(f + 1) * _PS] = torch.arange(s * _PS, (s + 1) * _PS)
+    pool.full_to_swa_index_mapping = mapping
+    return pool
+
+
+def _probe_inputs():
+    torch = _torch()
+    n = len(_FULL_PAGES) * _PS  # 48 tokens: chunks [0, 32) and [32, 48)
+    tokens = torch.cat([torch.arange(p * _PS, (p + 1) * _PS) for p in _FULL_PAGES]).to(torch.int32)[None]
+    pages = torch.zeros(1, 8, dtype=torch.int32)
+    pages[0, : len(_FULL_PAGES)] = torch.tensor(_FULL_PAGES)
+    swa_pages = torch.zeros(1, 8, dtype=torch.int32)
+    swa_pages[0, : len(_SWA_PAGES)] = torch.tensor(_SWA_PAGES)
+    return SimpleNamespace(n=n, tokens=tokens, pages=pages, swa_pages=swa_pages)
+
+
+def _graph_buffers():
+    torch = _torch()
+    return {"local_query_start_loc": torch.zeros(9, dtype=torch.int32),
+            "local_seqused_k": torch.zeros(8, dtype=torch.int32),
+            "local_block_table": torch.zeros(8, _CHUNK // _PS, dtype=torch.int32)}
+
+
+def probe(cls: type) -> dict:
+    """Per half ("eager", "graph"): True where the block table the installed code builds
+    starts each chunk on the request's SWA page (eager: chunks at pages 1 and 3 of a
+    48-token prefill; graph: the decode token's chunk at page 3)."""
+    torch = _torch()
+    inp, pool = _probe_inputs(), _probe_pool()
+    md_cls = getattr(optional_module(MODULE), "FlashAttentionMetadata")
+    want_eager, want_graph = [_SWA_PAGES[0], _SWA_PAGES[2]], _SWA_PAGES[2]
+
+    def metadata(page_table, swa_page_table=None, q=None):
+        md = md_cls()
+        md.page_table, md.swa_page_table = page_table, swa_page_table
+        md.cu_seqlens_q = torch.tensor([0, q or 1], dtype=torch.int32)
+        md.cache_seqlens_int32 = torch.tensor([inp.n], dtype=torch.int32)
+        md.local_attn_metadata = None
+        return md
+
+    builder_cls = getattr(optional_module(BUILDER_MODULE), "LocalAttentionMetadataBuilder", None)
+    bufs = _graph_buffers()
+    if hasattr(cls, REPLAY.rsplit(".", 1)[1]):
+        self = object.__new__(cls)
+        self.__dict__.update(has_local_attention=True, attention_chunk_size=_CHUNK, page_size=_PS,
+                             use_sliding_window_kv_pool=True, token_to_kv_pool=pool,
+                             decode_cuda_graph_local_attn_metadata=bufs,
+                             decode_cuda_graph_metadata={"cu_seqlens_q": torch.arange(9, dtype=torch.int32)})
+        md = metadata(inp.tokens, q=inp.n)
+        cls._maybe_init_local_attn_metadata(self, None, md, "cpu")
+        eager = md.local_attn_metadata.local_block_table[:, 0].tolist()
+        md = metadata(inp.pages, inp.swa_pages)
+        cls._maybe_update_local_attn_metadata_for_replay(self, md, 1)
+    elif builder_cls is not None:
+        builder = builder_cls(attention_chunk_size=_CHUNK, page_size=_PS, max_context_len=4096, device="cpu",
+                              swa_translate=pool.translate_loc_from_full_to_swa)
+        lam = builder.build(cu_seqlens_q=torch.tensor([0, inp.n], dtype=torch.int32),
+                            cache_seqlens_int32=torch.tensor([inp.n], dtype=torch.int32), page_table=inp.tokens,
+                            device="cpu")
+        eager = lam.local_block_table[:, 0].tolist()
+        builder.update_for_replay(metadata(inp.pages, inp.swa_pages), 1, buffers=bufs)
+    else:
+        raise LookupError("neither FlashAttentionBackend's local-attention methods nor LocalAttentionMetadataBuilder")
+    return {"eager": eager == want_eager, "graph": int(bufs["local_block_table"][0, 0]) == want_graph}
+
+
+class Fa3LocalAttnPagesFix(Fix):
+    name = "fa3_local_attn_pages"
+    summary = "FA3 chunked (Llama 4 local) attention reads page ids of its own pool with page size > 1"
+    upstream_prs = ("#32902", "#37733", "#38187")
+    targets = (EAGER, CAPTURE, REPLAY)
+    target_params = {EAGER: ("self", "forwardbatch", "metadata", "device"), CAPTURE: ("self", "metadata", "bs"),
+                     REPLAY: ("self", "metadata", "bs")}
+    scenario_summary = ("FA3's own local-attention metadata methods at page size 16, chunk 32, over a real "
+                        "SWAKVPool mapping whose full and SWA pages differ: eager and CUDA-graph block tables")
+
+    def __init__(self):
+        self._halves: dict = {}
+
+    def detect(self) -> Detection:
+        if optional_module(MODULE) is None:
+            return Detection.not_applicable("this sglang has no FA3 backend module")
+        try:
+            got = probe(target_class(CLASS))
+        except Exception as e:  # noqa: BLE001
+            return Detection.unknown(f"local-attention metadata could not be probed: {type(e).__name__}: {e}")
+        self._halves = got
+        wrong = [half for half, ok in got.items() if not ok]
+        if not wrong:
+            return Detection.not_needed("chunked attention gets page ids of its own pool, eager and in CUDA graphs")
+        what = {"eager": "the eager local block table holds token slots, not page ids (#32902)",
+                "graph": "CUDA-graph decode pushes page ids through the token-slot full->SWA mapping (#38187)"}
+        return Detection.needed("; ".join(what[h] for h in wrong))
+
+    def install(self, hooks) -> None:
+        if not self._halves:
+            self.detect()
+        if not self._halves.get("eager", False):
+            hooks.around(EAGER, _eager_with_pages)
+        if not self._halves.get("graph", False):
+            hooks.around(CAPTURE, _capture_chunk_wide)
+            hooks.around(REPLAY, _replay_with_page_ids)
+
+    def reproduce(self) -> bool:
+        return not all(probe(target_class(CLASS)).values())
+
+
+FIX = Fa3LocalAttnPagesFix()
+
+
+@hookimpl
+def sglang_swa_plugin_fixes():
+    return [FIX]

@@ -30,6 +30,7 @@ Upstream PRs
 Affected versions
     0.5.10-0.5.19: eager and CUDA-graph halves. 0.5.20 and 0.5.21: the CUDA-graph half.
     0.5.22 and later: neither (nothing is installed).
+    Status by release: applied 0.5.10-0.5.21; not needed 0.5.22+.
 
 Detection
     Behavioural, on CPU: the installed methods (or, where they moved, upstream's
@@ -45,14 +46,10 @@ Delete when
 from __future__ import annotations
 
 import inspect
-import logging
 from types import SimpleNamespace
-from typing import Any
 
 from sglang_swa_plugin.fix import Detection, Fix, hookimpl
-from sglang_swa_plugin.probe import optional_module, target_class
-
-logger = logging.getLogger("sglang.srt.plugins.swa_plugin")
+from sglang_swa_plugin.probe import optional_module, swa_pool_class, target_class
 
 MODULE = "sglang.srt.layers.attention.flashattention_backend"
 BUILDER_MODULE = "sglang.srt.layers.attention.local_attention"  # 0.5.22+
@@ -66,12 +63,6 @@ PRESERVE = "preserve_attn_chunk_size"
 # The detection probe: page size 16, chunk 32, one request of 48 tokens on full pages
 # 5, 6, 7 whose SWA pages are 1, 2, 3.
 _PS, _CHUNK, _FULL_PAGES, _SWA_PAGES = 16, 32, (5, 6, 7), (1, 2, 3)
-
-
-def _torch():
-    import torch
-
-    return torch
 
 
 # ---------------------------------------------------------------------------- the fix
@@ -88,7 +79,7 @@ def local_batches(chunk: int, cu_seqlens_q_np, seq_lens_np, page_table, page_siz
         return split(chunk, cu_seqlens_q_np, seq_lens_np, page_table, page_size, **{PRESERVE: True})
     if int(seq_lens_np.max()) >= chunk:  # the splitter keeps the chunk (a multiple of the page size)
         return split(chunk, cu_seqlens_q_np, seq_lens_np, page_table, page_size)
-    torch = _torch()
+    import torch
     cu = np.append(cu_seqlens_q_np, cu_seqlens_q_np[-1] + 1).astype(cu_seqlens_q_np.dtype)
     lens = np.append(seq_lens_np, chunk).astype(seq_lens_np.dtype)
     table = torch.cat([page_table, page_table.new_zeros(1, page_table.shape[1])])
@@ -106,7 +97,7 @@ def _local_metadata_class(metadata):
 def _eager_with_pages(original, self, forward_batch, metadata, device, *args, **kwargs):
     if self.page_size <= 1 or not self.has_local_attention:
         return original(self, forward_batch, metadata, device, *args, **kwargs)
-    torch = _torch()
+    import torch
     table, cu_q, lens = metadata.page_table, metadata.cu_seqlens_q, metadata.cache_seqlens_int32
     if table is None or cu_q is None or lens is None:
         metadata.local_attn_metadata = None
@@ -139,7 +130,7 @@ def _capture_chunk_wide(original, self, metadata, bs, *args, **kwargs):
 def _replay_with_page_ids(original, self, metadata, bs, *args, **kwargs):
     if self.page_size <= 1 or not self.has_local_attention:
         return original(self, metadata, bs, *args, **kwargs)
-    torch = _torch()
+    import torch
     bufs = self.decode_cuda_graph_local_attn_metadata
     q_buf, k_buf, block_buf = bufs["local_query_start_loc"], bufs["local_seqused_k"], bufs["local_block_table"]
     lens = metadata.cache_seqlens_int32[:bs]
@@ -171,10 +162,8 @@ def _replay_with_page_ids(original, self, metadata, bs, *args, **kwargs):
 def _probe_pool():
     """A real ``SWAKVPool`` object carrying only its full->SWA token mapping (no buffers):
     full pages 5, 6, 7 hold the SWA pages 1, 2, 3."""
-    torch = _torch()
-    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
-
-    pool = object.__new__(SWAKVPool)
+    import torch
+    pool = object.__new__(swa_pool_class())
     mapping = torch.zeros(_PS * 16 + 1, dtype=torch.int64)
     for f, s in zip(_FULL_PAGES, _SWA_PAGES):
         mapping[f * _PS:(f + 1) * _PS] = torch.arange(s * _PS, (s + 1) * _PS)
@@ -183,7 +172,7 @@ def _probe_pool():
 
 
 def _probe_inputs():
-    torch = _torch()
+    import torch
     n = len(_FULL_PAGES) * _PS  # 48 tokens: chunks [0, 32) and [32, 48)
     tokens = torch.cat([torch.arange(p * _PS, (p + 1) * _PS) for p in _FULL_PAGES]).to(torch.int32)[None]
     pages = torch.zeros(1, 8, dtype=torch.int32)
@@ -194,7 +183,7 @@ def _probe_inputs():
 
 
 def _graph_buffers():
-    torch = _torch()
+    import torch
     return {"local_query_start_loc": torch.zeros(9, dtype=torch.int32),
             "local_seqused_k": torch.zeros(8, dtype=torch.int32),
             "local_block_table": torch.zeros(8, _CHUNK // _PS, dtype=torch.int32)}
@@ -204,7 +193,7 @@ def probe(cls: type) -> dict:
     """Per half ("eager", "graph"): True where the block table the installed code builds
     starts each chunk on the request's SWA page (eager: chunks at pages 1 and 3 of a
     48-token prefill; graph: the decode token's chunk at page 3)."""
-    torch = _torch()
+    import torch
     inp, pool = _probe_inputs(), _probe_pool()
     md_cls = getattr(optional_module(MODULE), "FlashAttentionMetadata")
     want_eager, want_graph = [_SWA_PAGES[0], _SWA_PAGES[2]], _SWA_PAGES[2]
@@ -243,6 +232,27 @@ def probe(cls: type) -> dict:
     return {"eager": eager == want_eager, "graph": int(bufs["local_block_table"][0, 0]) == want_graph}
 
 
+# The halves the last detection found right, for ``install`` (which runs right after it).
+_probed: dict = {}
+
+
+def classify() -> Detection:
+    if optional_module(MODULE) is None:
+        return Detection.not_applicable("this sglang has no FA3 backend module")
+    try:
+        got = probe(target_class(CLASS))
+    except Exception as e:  # noqa: BLE001
+        return Detection.unknown(f"local-attention metadata could not be probed: {type(e).__name__}: {e}")
+    _probed.clear()
+    _probed.update(got)
+    wrong = [half for half, ok in got.items() if not ok]
+    if not wrong:
+        return Detection.not_needed("chunked attention gets page ids of its own pool, eager and in CUDA graphs")
+    what = {"eager": "the eager local block table holds token slots, not page ids (#32902)",
+            "graph": "CUDA-graph decode pushes page ids through the token-slot full->SWA mapping (#38187)"}
+    return Detection.needed("; ".join(what[h] for h in wrong))
+
+
 class Fa3LocalAttnPagesFix(Fix):
     name = "fa3_local_attn_pages"
     summary = "FA3 chunked (Llama 4 local) attention reads page ids of its own pool with page size > 1"
@@ -250,38 +260,19 @@ class Fa3LocalAttnPagesFix(Fix):
     targets = (EAGER, CAPTURE, REPLAY)
     target_params = {EAGER: ("self", "forwardbatch", "metadata", "device"), CAPTURE: ("self", "metadata", "bs"),
                      REPLAY: ("self", "metadata", "bs")}
-    scenario_summary = ("FA3's own local-attention metadata methods at page size 16, chunk 32, over a real "
-                        "SWAKVPool mapping whose full and SWA pages differ: eager and CUDA-graph block tables")
-
-    def __init__(self):
-        self._halves: dict = {}
+    check_module = "sglang_swa_plugin.check.fa3_local_attn_pages"
 
     def detect(self) -> Detection:
-        if optional_module(MODULE) is None:
-            return Detection.not_applicable("this sglang has no FA3 backend module")
-        try:
-            got = probe(target_class(CLASS))
-        except Exception as e:  # noqa: BLE001
-            return Detection.unknown(f"local-attention metadata could not be probed: {type(e).__name__}: {e}")
-        self._halves = got
-        wrong = [half for half, ok in got.items() if not ok]
-        if not wrong:
-            return Detection.not_needed("chunked attention gets page ids of its own pool, eager and in CUDA graphs")
-        what = {"eager": "the eager local block table holds token slots, not page ids (#32902)",
-                "graph": "CUDA-graph decode pushes page ids through the token-slot full->SWA mapping (#38187)"}
-        return Detection.needed("; ".join(what[h] for h in wrong))
+        return classify()
 
     def install(self, hooks) -> None:
-        if not self._halves:
-            self.detect()
-        if not self._halves.get("eager", False):
+        if not _probed:
+            classify()
+        if not _probed.get("eager", False):
             hooks.around(EAGER, _eager_with_pages)
-        if not self._halves.get("graph", False):
+        if not _probed.get("graph", False):
             hooks.around(CAPTURE, _capture_chunk_wide)
             hooks.around(REPLAY, _replay_with_page_ids)
-
-    def reproduce(self) -> bool:
-        return not all(probe(target_class(CLASS)).values())
 
 
 FIX = Fa3LocalAttnPagesFix()

@@ -27,7 +27,7 @@ import torch
 
 import sglang.srt.model_executor.model_runner  # noqa: F401,E402  (0.5.10: the start-up hook)
 
-from sglang_swa_plugin import testbed as tb
+from sglang_swa_plugin.check import testbed as tb
 from sglang_swa_plugin.core import temporarily_installed
 from sglang_swa_plugin.fix import Verdict
 from sglang_swa_plugin.hooks import fa3_local_attn_pages as lap

@@ -87,6 +87,7 @@ BUILTIN_MODULES = (
     "sglang_swa_plugin.hooks.trtllm_extend_routing",
     "sglang_swa_plugin.hooks.trtllm_xqa_spec_decode",
     "sglang_swa_plugin.hooks.swa_index_guard",
+    "sglang_swa_plugin.hooks.flashinfer_swa_verify",
 )
 
 

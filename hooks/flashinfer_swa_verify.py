@@ -1,0 +1,298 @@
+"""flashinfer: EAGLE verify on sliding-window layers attends to its own window (retained keys, re-laid tree mask).
+
+Bug
+    With two wrappers (``WrapperDispatch.SLIDING_WINDOW``) ``FlashInferIndicesUpdaterPrefill``
+    plans the sliding-window wrapper (wrapper 0) of a TARGET_VERIFY batch over a prefix
+    clipped to the window (``paged_kernel_lens = min(seq_lens, window)``, start
+    ``seq_lens - paged_kernel_lens``), but ``EagleVerifyInput.generate_attn_arg_prefill``
+    gathers every request's keys from position 0 (no start; only DFlash verify is given
+    ``kv_start_idx``) and returns the tree mask laid out for the full prefix
+    (``q_len x (seq_len + q_len)`` per request). Once a prefix is longer than the window each
+    SWA layer attends to the keys at positions ``[0, window + q_len)``: not its own draft
+    tokens, and through mask bits of other columns (the row widths differ, so later requests
+    of the batch read their neighbours' bits). On a hybrid SWA pool those early positions
+    translate to freed SWA slots. Greedy output past the window is wrong and the accept
+    length collapses. In 0.5.10-0.5.13 the window code subtracts ``prefix_lens``, which
+    verify passes as None: a TypeError at start-up (CUDA-graph capture) or at the first
+    verify step.
+
+    The fix, around three functions, only for an EAGLE verify batch (``EagleVerifyInput``
+    with a custom mask) on the sliding-window wrapper of a two-wrapper backend:
+    - ``update_sliding_window``: a None ``prefix_lens`` becomes ``seq_lens`` (verify keeps
+      its draft tokens outside ``seq_lens``), what 0.5.14 and later do;
+    - ``call_begin_forward``: hands the clipped start to the call below, and under CUDA
+      graphs gives the sliding-window wrapper its own packed-mask buffer (sglang builds both
+      wrappers on one ``cuda_graph_custom_mask``, so the full-attention plan, which runs
+      second, would overwrite the sliding-window mask the graph reads);
+    - ``generate_attn_arg_prefill``: keys are positions ``[seq_len - L, seq_len + q_len)``
+      with ``L = min(seq_len, window)``, and the mask is re-laid for ``L + q_len`` columns.
+    Window semantics, as sglang's decode path and the flashinfer kernel define them
+    (``window = sliding_window - 1`` = the layer's ``sliding_window_size`` = flashinfer's
+    ``window_left``): a query at position ``p`` sees the keys at positions ``[p - window, p]``.
+    A draft token at tree depth ``d`` sits at ``seq_len + d`` (not ``seq_len + row``: tree
+    siblings share a depth), so each row gets its own left edge: prefix column ``c`` (position
+    ``seq_len - L + c``) is on for row ``i`` iff ``c >= L + d_i - window``; draft column ``j``
+    keeps the tree bit (and ``d_j >= d_i - window``). Depths come from the tree mask itself
+    (ones in the row's draft block, minus one), so the dummy capture input needs no
+    positions. The verify wrappers are planned with ``window_left = -1`` in these releases
+    (the kernel's own window is compiled out), so the mask alone decides: exact for chains
+    and trees. Device work only, once per verify step (no device-to-host copy, nothing per
+    layer); its size is known on the host from the sum sglang already computed.
+    Page size: the flashinfer backend plans pages of one token whatever ``--page-size`` is,
+    so the keys are token indices for every page size.
+
+Upstream PRs
+    Issue #22679 (open). #39160 (closed) and #39287 (open): pass the SWA start to EAGLE's
+    builder and compact the tree mask per request with per-node window bounds, separate
+    packed-mask buffers for the SWA and full CUDA-graph wrappers. #27469 gave DFlash verify
+    its ``kv_start_idx`` and the ``prefix_lens is None`` branch (0.5.14).
+
+Affected versions
+    0.5.10-0.5.13: TypeError (``prefix_lens`` None in the window code). 0.5.14 and later:
+    wrong keys and mask (the release train through 0.5.23). The fix is installed on the
+    classic form of ``call_begin_forward`` (``generate_attn_arg_prefill`` given
+    ``req_to_token``); the KV-index-translator form (0.5.23: translator, fast verify plan)
+    is reported as unknown, not patched.
+
+Detection
+    Structure of the installed code: fixed when ``EagleVerifyInput.generate_attn_arg_prefill``
+    takes ``kv_start_idx`` and every builder call in ``call_begin_forward`` passes it; else
+    the crash form when ``update_sliding_window`` subtracts ``prefix_lens`` with no
+    ``prefix_lens is None`` branch, the wrong-keys form when it has one. Needed for both, in
+    the classic form; anything else is unknown.
+
+Delete when
+    The oldest supported sglang carries #39287 (or an equivalent windowed EAGLE verify in
+    the flashinfer backend).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+import threading
+from typing import Any, Optional
+
+from sglang_swa_plugin.fix import Detection, Fix, hookimpl
+from sglang_swa_plugin.probe import compact, normalized_source, optional_module, own_function, target_class
+
+logger = logging.getLogger("sglang.srt.plugins.swa_plugin")
+
+MODULE = "sglang.srt.layers.attention.flashinfer_backend"
+UPDATER = MODULE + ".FlashInferIndicesUpdaterPrefill"
+UPDATE_SW = UPDATER + ".update_sliding_window"
+BEGIN = UPDATER + ".call_begin_forward"
+EAGLE_INFO = "sglang.srt.speculative.eagle_info"
+VERIFY_INPUT = EAGLE_INFO + ".EagleVerifyInput"
+VERIFY_ARGS = VERIFY_INPUT + ".generate_attn_arg_prefill"
+KV_INDICES_KERNEL = "create_flashinfer_kv_indices_triton"
+
+CRASH_FORM = "crash"
+WRONG_KEYS_FORM = "wrong-keys"
+FIXED_FORM = "fixed"
+_SUBTRACTS_PREFIX = "seq_lens-prefix_lens"
+_NONE_BRANCH = "ifprefix_lensisNone"
+_BUILDER_CALL = re.compile(r"generate_attn_arg_prefill\(")
+
+_active = threading.local()  # .window: (kv_start_idx, window) while wrapper 0 of a verify batch is planned
+
+
+# ---------------------------------------------------------------------------- the fix
+
+
+def _verify_input_class() -> Optional[type]:
+    mod = optional_module(EAGLE_INFO)
+    return getattr(mod, "EagleVerifyInput", None) if mod is not None else None
+
+
+def is_eagle_verify(spec_info: Any) -> bool:
+    cls = _verify_input_class()
+    return (cls is not None and isinstance(spec_info, cls)
+            and getattr(spec_info, "custom_mask", None) is not None)
+
+
+def _bound(fn, args, kwargs) -> inspect.BoundArguments:
+    sig = _SIGS.get(fn)
+    if sig is None:
+        sig = _SIGS[fn] = inspect.signature(fn)
+    return sig.bind(*args, **kwargs)
+
+
+_SIGS: dict = {}
+
+
+def _update_sliding_window(original, self, *args, **kwargs):
+    """A verify batch's None ``prefix_lens`` is ``seq_lens`` (the crash form subtracts it)."""
+    b = _bound(original, (self,) + args, kwargs)
+    if b.arguments.get("prefix_lens") is None and is_eagle_verify(b.arguments.get("spec_info")):
+        b.arguments["prefix_lens"] = b.arguments["seq_lens"]
+        return original(*b.args, **b.kwargs)
+    return original(self, *args, **kwargs)
+
+
+def _is_window_wrapper(updater, kv_indptr) -> bool:
+    backend = getattr(updater, "attn_backend", None)
+    reason = getattr(backend, "dispatch_reason", None)
+    return (reason is not None and getattr(reason, "name", "") == "SLIDING_WINDOW"
+            and updater.sliding_window_size is not None and kv_indptr is updater.kv_indptr[0])
+
+
+def own_mask_buffer(backend, wrapper, draft_token_num: int, window: int):
+    """The sliding-window verify wrapper's own packed-mask buffer (CUDA graphs), made once
+    per backend: every request packs at most ``q_len * (window + q_len)`` bits."""
+    max_bs = len(backend.kv_indptr[0]) - 1
+    need = max_bs * ((draft_token_num * (window + draft_token_num) + 7) // 8) + 16
+    buf = getattr(backend, "_swa_verify_mask_buf", None)
+    if buf is None or buf.numel() < need:
+        import torch
+
+        buf = torch.zeros(need, dtype=torch.uint8, device=wrapper._custom_mask_buf.device)
+        backend._swa_verify_mask_buf = buf
+    return buf
+
+
+def _call_begin_forward(original, self, *args, **kwargs):
+    b = _bound(original, (self,) + args, kwargs)
+    a = b.arguments
+    spec_info, start = a.get("spec_info"), a.get("kv_start_idx")
+    if start is None or not is_eagle_verify(spec_info) or not _is_window_wrapper(self, a.get("kv_indptr")):
+        return original(self, *args, **kwargs)
+    wrapper = a["wrapper_paged"]
+    shared = getattr(self.attn_backend, "cuda_graph_custom_mask", None)
+    if shared is not None and getattr(wrapper, "_custom_mask_buf", None) is shared:
+        wrapper._custom_mask_buf = own_mask_buffer(self.attn_backend, wrapper, spec_info.draft_token_num,
+                                                   self.sliding_window_size)
+    _active.window = (start, self.sliding_window_size)
+    try:
+        return original(self, *args, **kwargs)
+    finally:
+        _active.window = None
+
+
+def windowed_verify_mask(tree_mask, prefix_kept, kv_start, draft_token_num: int, window: int, kept_sum: int):
+    """The verify mask for keys ``[seq_len - L, seq_len + q_len)`` of each request, from
+    sglang's full-prefix tree mask (``q_len x (seq_len + q_len)`` per request, flattened).
+    ``prefix_kept`` is L per request, ``kv_start`` is ``seq_len - L``, ``kept_sum`` the host
+    sum of L. Row i (tree depth d_i) sees prefix column c iff ``c >= L + d_i - window`` and
+    draft column j iff its tree bit is set and ``d_j >= d_i - window``."""
+    import torch
+
+    n = int(draft_token_num)
+    dev = prefix_kept.device
+    L = prefix_kept.to(torch.int64)
+    P = kv_start.to(torch.int64) + L
+    bs = L.numel()
+    new_row = L + n
+    new_end = torch.cumsum(n * new_row, 0)
+    new_off = new_end - n * new_row
+    old_row = P + n
+    old_off = torch.cumsum(n * old_row, 0) - n * old_row
+    flat = tree_mask.reshape(-1)
+    ar = torch.arange(n, device=dev)
+    # The draft block of the stock mask: [bs, row, draft column].
+    idx = old_off.view(-1, 1, 1) + ar.view(1, -1, 1) * old_row.view(-1, 1, 1) + P.view(-1, 1, 1) + ar.view(1, 1, -1)
+    if flat.numel() == 0:
+        tree = torch.ones(bs, n, n, dtype=torch.bool, device=dev)
+    else:
+        tree = flat[idx.clamp_(0, flat.numel() - 1)].to(torch.bool)  # padded graph rows: any bits
+    depth = tree.sum(-1) - 1
+    t = torch.arange(n * kept_sum + n * n * bs, device=dev)
+    req = torch.searchsorted(new_end, t, right=True)
+    local = t - new_off[req]
+    width = new_row[req]
+    row = local // width
+    col = local - row * width
+    kept = L[req]
+    d_row = depth[req, row]
+    j = (col - kept).clamp(0, n - 1)
+    draft_ok = tree[req, row, j] & (depth[req, j] >= d_row - window)
+    return torch.where(col < kept, col >= kept + d_row - window, draft_ok)
+
+
+def _windowed_args(spec_info, req_pool_indices, paged_kernel_lens, paged_kernel_lens_sum, req_to_token, start, window):
+    import torch
+
+    kernel = getattr(optional_module(EAGLE_INFO), KV_INDICES_KERNEL)
+    n = spec_info.draft_token_num
+    bs = len(req_pool_indices)
+    dev = req_pool_indices.device
+    qo_indptr = torch.arange(0, (1 + bs) * n, step=n, dtype=torch.int32, device=dev)
+    kv_lens = paged_kernel_lens + n
+    kv_indptr = torch.zeros((bs + 1,), dtype=torch.int32, device=dev)
+    kv_indptr[1:] = torch.cumsum(kv_lens, dim=0)
+    kv_indices = torch.empty(paged_kernel_lens_sum + n * bs, dtype=torch.int32, device=dev)
+    kernel[(bs,)](req_to_token, req_pool_indices, kv_lens, kv_indptr, start, kv_indices, req_to_token.size(1))
+    mask = windowed_verify_mask(spec_info.custom_mask, paged_kernel_lens, start, n, window, int(paged_kernel_lens_sum))
+    return kv_indices, kv_indptr, qo_indptr, mask
+
+
+def _generate_attn_arg_prefill(original, self, *args, **kwargs):
+    active = getattr(_active, "window", None)
+    if active is None:
+        return original(self, *args, **kwargs)
+    _active.window = None  # one builder call per plan
+    b = _bound(original, (self,) + args, kwargs)
+    a = b.arguments
+    return _windowed_args(self, a["req_pool_indices"], a["paged_kernel_lens"], a["paged_kernel_lens_sum"],
+                          a["req_to_token"], *active)
+
+
+# ---------------------------------------------------------------------------- detection
+
+
+def classify(updater_cls: type, verify_cls: type) -> "tuple[str, Detection]":
+    """(form, verdict) of the installed code: crash / wrong-keys / fixed / ""."""
+    builder = own_function(verify_cls, "generate_attn_arg_prefill")
+    begin = own_function(updater_cls, "call_begin_forward")
+    window = own_function(updater_cls, "update_sliding_window")
+    if builder is None or begin is None or window is None:
+        return "", Detection.unknown("flashinfer's verify planning has an unrecognised shape")
+    params = inspect.signature(builder).parameters
+    begin_src = compact(normalized_source(begin))
+    calls = [begin_src[m.start():m.start() + 400].split(")", 1)[0] for m in _BUILDER_CALL.finditer(begin_src)]
+    if "kv_start_idx" in params and calls and all("kv_start_idx" in c for c in calls):
+        return FIXED_FORM, Detection.not_needed("EAGLE verify gets the sliding-window start (fixed form)")
+    window_src = compact(normalized_source(window))
+    if _NONE_BRANCH in window_src:
+        form, why = WRONG_KEYS_FORM, "EAGLE verify on sliding-window layers gathers keys from position 0 with a full-prefix mask"
+    elif _SUBTRACTS_PREFIX in window_src:
+        form, why = CRASH_FORM, "the window code subtracts verify's None prefix_lens (TypeError)"
+    else:
+        return "", Detection.unknown("update_sliding_window has an unrecognised shape")
+    if "req_to_token" not in params or "translator" in params:
+        return form, Detection.unknown(f"{why}; this release's builder form (KV-index translator) is not patched")
+    if not hasattr(optional_module(EAGLE_INFO), KV_INDICES_KERNEL):
+        return form, Detection.unknown(f"{why}; {EAGLE_INFO}.{KV_INDICES_KERNEL} moved")
+    return form, Detection.needed(why)
+
+
+class FlashinferSwaVerifyFix(Fix):
+    name = "flashinfer_swa_verify"
+    summary = "flashinfer EAGLE verify on sliding-window layers: retained keys and a per-row windowed tree mask"
+    upstream_prs = ("#39287", "#39160", "issue #22679")
+    targets = (UPDATE_SW, BEGIN, VERIFY_ARGS)
+    target_params = {
+        UPDATE_SW: ("self", "req_pool_indices", "seq_lens", "seq_lens_cpu", "seq_lens_sum", "prefix_lens"),
+        BEGIN: ("self", "wrapper_ragged", "wrapper_paged", "req_pool_indices", "paged_kernel_lens",
+                "paged_kernel_lens_sum", "seq_lens", "prefix_lens", "kv_start_idx", "kv_indptr"),
+        VERIFY_ARGS: ("self", "req_pool_indices", "paged_kernel_lens", "paged_kernel_lens_sum", "req_to_token"),
+    }
+
+    def detect(self) -> Detection:
+        if optional_module(MODULE) is None or _verify_input_class() is None:
+            return Detection.not_applicable("this sglang has no flashinfer backend or EAGLE verify input")
+        return classify(target_class(UPDATER), target_class(VERIFY_INPUT))[1]
+
+    def install(self, hooks) -> None:
+        hooks.around(UPDATE_SW, _update_sliding_window)
+        hooks.around(BEGIN, _call_begin_forward)
+        hooks.around(VERIFY_ARGS, _generate_attn_arg_prefill)
+
+
+FIX = FlashinferSwaVerifyFix()
+
+
+@hookimpl
+def sglang_swa_plugin_fixes():
+    return [FIX]

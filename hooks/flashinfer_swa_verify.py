@@ -86,7 +86,6 @@ BEGIN = UPDATER + ".call_begin_forward"
 EAGLE_INFO = "sglang.srt.speculative.eagle_info"
 VERIFY_INPUT = EAGLE_INFO + ".EagleVerifyInput"
 VERIFY_ARGS = VERIFY_INPUT + ".generate_attn_arg_prefill"
-KV_INDICES_KERNEL = "create_flashinfer_kv_indices_triton"
 
 CRASH_FORM = "crash"
 WRONG_KEYS_FORM = "wrong-keys"
@@ -211,18 +210,20 @@ def windowed_verify_mask(tree_mask, prefix_kept, kv_start, draft_token_num: int,
 
 
 def _windowed_args(spec_info, req_pool_indices, paged_kernel_lens, paged_kernel_lens_sum, req_to_token, start, window):
+    """What ``generate_attn_arg_prefill`` returns, for keys ``[start, start + L + q_len)``."""
     import torch
 
-    kernel = getattr(optional_module(EAGLE_INFO), KV_INDICES_KERNEL)
     n = spec_info.draft_token_num
     bs = len(req_pool_indices)
     dev = req_pool_indices.device
+    total = int(paged_kernel_lens_sum) + n * bs
     qo_indptr = torch.arange(0, (1 + bs) * n, step=n, dtype=torch.int32, device=dev)
     kv_lens = paged_kernel_lens + n
     kv_indptr = torch.zeros((bs + 1,), dtype=torch.int32, device=dev)
     kv_indptr[1:] = torch.cumsum(kv_lens, dim=0)
-    kv_indices = torch.empty(paged_kernel_lens_sum + n * bs, dtype=torch.int32, device=dev)
-    kernel[(bs,)](req_to_token, req_pool_indices, kv_lens, kv_indptr, start, kv_indices, req_to_token.size(1))
+    req = torch.repeat_interleave(torch.arange(bs, device=dev), kv_lens, output_size=total)
+    pos = start.to(torch.int64)[req] + torch.arange(total, device=dev) - kv_indptr[req].to(torch.int64)
+    kv_indices = req_to_token[req_pool_indices.to(torch.int64)[req], pos].to(torch.int32)
     mask = windowed_verify_mask(spec_info.custom_mask, paged_kernel_lens, start, n, window, int(paged_kernel_lens_sum))
     return kv_indices, kv_indptr, qo_indptr, mask
 
@@ -262,8 +263,6 @@ def classify(updater_cls: type, verify_cls: type) -> "tuple[str, Detection]":
         return "", Detection.unknown("update_sliding_window has an unrecognised shape")
     if "req_to_token" not in params or "translator" in params:
         return form, Detection.unknown(f"{why}; this release's builder form (KV-index translator) is not patched")
-    if not hasattr(optional_module(EAGLE_INFO), KV_INDICES_KERNEL):
-        return form, Detection.unknown(f"{why}; {EAGLE_INFO}.{KV_INDICES_KERNEL} moved")
     return form, Detection.needed(why)
 
 

@@ -19,7 +19,8 @@ from sglang_swa_plugin.fix import Verdict
 from helpers import HERE, main_window_snapshot, sglang_release
 
 README = HERE.parent / "README.md"
-STATUS = {Verdict.NEEDED: "applied", Verdict.NOT_NEEDED: "not needed", Verdict.NOT_APPLICABLE: "not applicable"}
+STATUS = {Verdict.NEEDED: "applied", Verdict.NOT_NEEDED: "not needed", Verdict.NOT_APPLICABLE: "not applicable",
+          Verdict.UNKNOWN: "unknown"}
 OPT_IN = {"swa_index_guard"}  # a diagnostic, installed only when asked for
 
 
@@ -35,6 +36,9 @@ def fixes_table() -> dict:
 def expected_status(cell: str, minor: int) -> str:
     """A cell's status for release 0.5.<minor>: a plain status, or "applied through 0.5.N;
     not needed on 0.5.M+"."""
+    unknown_from = re.search(r"unknown on 0\.5\.(\d+)", cell)
+    if unknown_from and minor >= int(unknown_from.group(1)):
+        return "unknown"
     through = re.match(r"applied through 0\.5\.(\d+)", cell)
     if through:
         return "applied" if minor <= int(through.group(1)) else "not needed"

@@ -38,6 +38,9 @@ Bug
     (the kernel's own window is compiled out), so the mask alone decides: exact for chains
     and trees. Device work only, once per verify step (no device-to-host copy, nothing per
     layer); its size is known on the host from the sum sglang already computed.
+    On CUDA the keys come from sglang's ``create_flashinfer_kv_indices_triton`` and the mask
+    from one Triton kernel (one program per request and draft row); the torch ops are the
+    CPU path and the reference (``SGLANG_SWA_PLUGIN_FI_TORCH_MASK=1`` forces them on CUDA).
     Page size: the flashinfer backend plans pages of one token whatever ``--page-size`` is,
     so the keys are token indices for every page size.
 
@@ -70,6 +73,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import re
 import threading
 from typing import Any, Optional
@@ -121,12 +125,51 @@ def _bound(fn, args, kwargs) -> inspect.BoundArguments:
 _SIGS: dict = {}
 
 
+class _Params:
+    """Where each parameter of a hooked function sits (positional index counting ``self``,
+    default), resolved once per function: the hot path reads args/kwargs directly."""
+
+    __slots__ = ("pos", "default")
+
+    def __init__(self, fn):
+        self.pos, self.default = {}, {}
+        for i, p in enumerate(inspect.signature(fn).parameters.values()):
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+                self.pos[p.name] = i
+            if p.default is not p.empty:
+                self.default[p.name] = p.default
+
+    def get(self, name, args, kwargs):
+        """``args`` includes ``self``."""
+        i = self.pos.get(name)
+        if i is not None and i < len(args):
+            return args[i]
+        return kwargs.get(name, self.default.get(name))
+
+    def call_with(self, fn, args, kwargs, name, value):
+        """``fn(*args, **kwargs)`` with argument ``name`` replaced by ``value``."""
+        i = self.pos.get(name)
+        if i is not None and i < len(args):
+            return fn(*args[:i], value, *args[i + 1:], **kwargs)
+        return fn(*args, **{**kwargs, name: value})
+
+
+_PARAMS: dict = {}
+
+
+def _params(fn) -> _Params:
+    p = _PARAMS.get(fn)
+    if p is None:
+        p = _PARAMS[fn] = _Params(fn)
+    return p
+
+
 def _update_sliding_window(original, self, *args, **kwargs):
     """A verify batch's None ``prefix_lens`` is ``seq_lens`` (the crash form subtracts it)."""
-    b = _bound(original, (self,) + args, kwargs)
-    if b.arguments.get("prefix_lens") is None and is_eagle_verify(b.arguments.get("spec_info")):
-        b.arguments["prefix_lens"] = b.arguments["seq_lens"]
-        return original(*b.args, **b.kwargs)
+    p = _params(original)
+    full = (self,) + args
+    if p.get("prefix_lens", full, kwargs) is None and is_eagle_verify(p.get("spec_info", full, kwargs)):
+        return p.call_with(original, full, kwargs, "prefix_lens", p.get("seq_lens", full, kwargs))
     return original(self, *args, **kwargs)
 
 
@@ -152,12 +195,12 @@ def own_mask_buffer(backend, wrapper, draft_token_num: int, window: int):
 
 
 def _call_begin_forward(original, self, *args, **kwargs):
-    b = _bound(original, (self,) + args, kwargs)
-    a = b.arguments
-    spec_info, start = a.get("spec_info"), a.get("kv_start_idx")
-    if start is None or not is_eagle_verify(spec_info) or not _is_window_wrapper(self, a.get("kv_indptr")):
+    p = _params(original)
+    full = (self,) + args
+    spec_info, start = p.get("spec_info", full, kwargs), p.get("kv_start_idx", full, kwargs)
+    if start is None or not is_eagle_verify(spec_info) or not _is_window_wrapper(self, p.get("kv_indptr", full, kwargs)):
         return original(self, *args, **kwargs)
-    wrapper = a["wrapper_paged"]
+    wrapper = p.get("wrapper_paged", full, kwargs)
     shared = getattr(self.attn_backend, "cuda_graph_custom_mask", None)
     if shared is not None and getattr(wrapper, "_custom_mask_buf", None) is shared:
         wrapper._custom_mask_buf = own_mask_buffer(self.attn_backend, wrapper, spec_info.draft_token_num,
@@ -209,8 +252,113 @@ def windowed_verify_mask(tree_mask, prefix_kept, kv_start, draft_token_num: int,
     return torch.where(col < kept, col >= kept + d_row - window, draft_ok)
 
 
+TORCH_MASK_ENV = "SGLANG_SWA_PLUGIN_FI_TORCH_MASK"
+
+
+def use_triton(t) -> bool:
+    """Triton kernels for CUDA tensors (one launch each for keys and mask); the torch ops
+    elsewhere, and on CUDA too with ``SGLANG_SWA_PLUGIN_FI_TORCH_MASK=1`` (the reference)."""
+    return t.is_cuda and _mask_kernel is not None and os.environ.get(TORCH_MASK_ENV, "") != "1"
+
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - sglang depends on triton
+    triton = tl = None
+
+_mask_kernel = None
+if triton is not None:
+
+    @triton.jit
+    def _windowed_mask_kernel(tree_ptr, tree_numel, kept_ptr, start_ptr, out_ptr, out_numel, window,
+                              N: tl.constexpr, NB: tl.constexpr, BS_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+                              EMPTY: tl.constexpr):
+        """One program per (request b, draft row i): row i of request b of the re-laid mask
+        (``L + N`` columns, uint8 0/1), what ``windowed_verify_mask`` computes."""
+        b = tl.program_id(0)
+        i = tl.program_id(1)
+        L = tl.load(kept_ptr + b).to(tl.int64)
+        P = tl.load(start_ptr + b).to(tl.int64) + L
+        # Offsets of request b in the stock mask (rows P + N wide) and in ours (L + N).
+        old_acc = tl.zeros([BS_BLOCK], dtype=tl.int64)
+        new_acc = tl.zeros([BS_BLOCK], dtype=tl.int64)
+        for s0 in range(0, b, BS_BLOCK):
+            offs = s0 + tl.arange(0, BS_BLOCK)
+            m = offs < b
+            kept = tl.load(kept_ptr + offs, mask=m, other=0).to(tl.int64)
+            st = tl.load(start_ptr + offs, mask=m, other=0).to(tl.int64)
+            add = tl.where(m, N, 0).to(tl.int64)
+            old_acc += st + kept + add
+            new_acc += kept + add
+        old_off = N * tl.sum(old_acc, axis=0)
+        new_off = N * tl.sum(new_acc, axis=0)
+        old_row = P + N
+        new_row = L + N
+        # The draft block of the stock mask, every row: [row r, draft column c].
+        jj = tl.arange(0, NB)
+        r2 = jj[:, None]
+        c2 = jj[None, :]
+        m2 = (r2 < N) & (c2 < N)
+        if EMPTY:
+            tree = m2.to(tl.int32)
+        else:
+            idx = old_off + r2.to(tl.int64) * old_row + P + c2.to(tl.int64)
+            idx = tl.minimum(tl.maximum(idx, 0), tree_numel - 1)  # padded graph rows: any bits
+            tree = (tl.load(tree_ptr + idx, mask=m2, other=0) != 0).to(tl.int32)
+        depth = tl.sum(tree, axis=1) - 1
+        d_i = tl.sum(tl.where(jj == i, depth, 0), axis=0)
+        tree_i = tl.sum(tl.where(r2 == i, tree, 0), axis=0)
+        row_base = new_off + i * new_row
+        # Draft columns: the tree bit, and depth d_j >= d_i - window.
+        draft_ok = (tree_i != 0) & (depth >= d_i - window) & (jj < N)
+        o = row_base + L + jj
+        tl.store(out_ptr + o, draft_ok.to(tl.uint8), mask=(jj < N) & (o < out_numel))
+        # Prefix columns c: on iff c >= L + d_i - window.
+        lo = L + d_i - window
+        for s0 in range(0, L.to(tl.int32), BLOCK):
+            c = s0 + tl.arange(0, BLOCK).to(tl.int64)
+            o = row_base + c
+            tl.store(out_ptr + o, (c >= lo).to(tl.uint8), mask=(c < L) & (o < out_numel))
+
+    _mask_kernel = _windowed_mask_kernel
+
+
+def windowed_verify_mask_triton(tree_mask, prefix_kept, kv_start, draft_token_num: int, window: int, kept_sum: int):
+    """``windowed_verify_mask`` in one Triton launch (CUDA tensors); same values, same layout."""
+    import torch
+
+    n = int(draft_token_num)
+    bs = prefix_kept.numel()
+    total = n * int(kept_sum) + n * n * bs
+    out = torch.empty(total, dtype=torch.uint8, device=prefix_kept.device)
+    flat = tree_mask.reshape(-1)
+    if flat.dtype == torch.bool:
+        flat = flat.view(torch.uint8)
+    empty = flat.numel() == 0
+    if bs and total:
+        _mask_kernel[(bs, n)](out if empty else flat, flat.numel(), prefix_kept, kv_start, out, total, int(window),
+                              N=n, NB=max(2, triton.next_power_of_2(n)), BS_BLOCK=256, BLOCK=512,
+                              EMPTY=empty)
+    return out.view(torch.bool)
+
+
+_kv_indices_kernel = None
+
+
+def _sglang_kv_indices_kernel():
+    """sglang's ``create_flashinfer_kv_indices_triton`` (keys ``req_to_token[req, start : start + len]``)."""
+    global _kv_indices_kernel
+    if _kv_indices_kernel is None:
+        from sglang.srt.layers.attention.utils import create_flashinfer_kv_indices_triton
+
+        _kv_indices_kernel = create_flashinfer_kv_indices_triton
+    return _kv_indices_kernel
+
+
 def _windowed_args(spec_info, req_pool_indices, paged_kernel_lens, paged_kernel_lens_sum, req_to_token, start, window):
-    """What ``generate_attn_arg_prefill`` returns, for keys ``[start, start + L + q_len)``."""
+    """What ``generate_attn_arg_prefill`` returns, for keys ``[start, start + L + q_len)``
+    (contiguous in ``req_to_token``: the prefix tail, then the draft tokens)."""
     import torch
 
     n = spec_info.draft_token_num
@@ -221,6 +369,13 @@ def _windowed_args(spec_info, req_pool_indices, paged_kernel_lens, paged_kernel_
     kv_lens = paged_kernel_lens + n
     kv_indptr = torch.zeros((bs + 1,), dtype=torch.int32, device=dev)
     kv_indptr[1:] = torch.cumsum(kv_lens, dim=0)
+    if use_triton(req_pool_indices):
+        kv_indices = torch.empty(total, dtype=torch.int32, device=dev)
+        _sglang_kv_indices_kernel()[(bs,)](req_to_token, req_pool_indices, kv_lens, kv_indptr, start, kv_indices,
+                                           req_to_token.shape[1])
+        mask = windowed_verify_mask_triton(spec_info.custom_mask, paged_kernel_lens, start, n, window,
+                                           int(paged_kernel_lens_sum))
+        return kv_indices, kv_indptr, qo_indptr, mask
     req = torch.repeat_interleave(torch.arange(bs, device=dev), kv_lens, output_size=total)
     pos = start.to(torch.int64)[req] + torch.arange(total, device=dev) - kv_indptr[req].to(torch.int64)
     kv_indices = req_to_token[req_pool_indices.to(torch.int64)[req], pos].to(torch.int32)
@@ -233,10 +388,10 @@ def _generate_attn_arg_prefill(original, self, *args, **kwargs):
     if active is None:
         return original(self, *args, **kwargs)
     _active.window = None  # one builder call per plan
-    b = _bound(original, (self,) + args, kwargs)
-    a = b.arguments
-    return _windowed_args(self, a["req_pool_indices"], a["paged_kernel_lens"], a["paged_kernel_lens_sum"],
-                          a["req_to_token"], *active)
+    p = _params(original)
+    full = (self,) + args
+    return _windowed_args(self, p.get("req_pool_indices", full, kwargs), p.get("paged_kernel_lens", full, kwargs),
+                          p.get("paged_kernel_lens_sum", full, kwargs), p.get("req_to_token", full, kwargs), *active)
 
 
 # ---------------------------------------------------------------------------- detection

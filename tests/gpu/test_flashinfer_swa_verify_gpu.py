@@ -251,3 +251,43 @@ def test_stock_verify_is_wrong(topk, graph):
     res = run(topk, graph, fix_on=False)
     _report(f"stock_topk{topk}_{'graph' if graph else 'eager'}", res)
     assert "error" in res or _bad(res), res
+
+
+@pytest.mark.parametrize("topk", [1, 2])
+def test_triton_path_equals_torch_path(topk, monkeypatch):
+    """The CUDA path (sglang's kv-indices kernel and the plugin's mask kernel) hands the plan
+    exactly what the torch reference does (SGLANG_SWA_PLUGIN_FI_TORCH_MASK=1): random batches
+    with prefixes below and past the window, padded CUDA-graph rows (seq_len 1, no mask bits
+    of their own), sglang's tree mask and random mask bits."""
+    _needs_gpu()
+    from sglang_swa_plugin.hooks import flashinfer_swa_verify as m
+
+    assert m._mask_kernel is not None
+    n = draft_shape(topk)[0]
+    g = torch.Generator().manual_seed(100 + topk)
+    rtt = torch.randint(0, 1 << 20, (16, 1024), generator=g, dtype=torch.int32).to(DEVICE)
+    checked = 0
+    for trial in range(40):
+        bs = int(torch.randint(1, 9, (1,), generator=g))
+        real = max(1, bs - int(torch.randint(0, 3, (1,), generator=g)))
+        seq = [int(x) for x in torch.randint(1, 2 * WINDOW + 200, (real,), generator=g)] + [1] * (bs - real)
+        seq[0] = (WINDOW - 3, WINDOW, WINDOW + 1, 5 * WINDOW)[trial % 4]
+        spec = spec_input(seq[:real], topk)
+        if trial % 2:
+            spec.custom_mask = torch.rand(spec.custom_mask.numel(), generator=g).lt(0.5).to(DEVICE)
+        seq_d = torch.tensor(seq, dtype=torch.int32, device=DEVICE)
+        kept = torch.minimum(seq_d, torch.full_like(seq_d, WINDOW))
+        start = seq_d - kept
+        rows = torch.randperm(16, generator=g)[:bs].to(DEVICE)
+        args = (spec, rows, kept, int(kept.sum()), rtt, start, WINDOW)
+        monkeypatch.delenv(m.TORCH_MASK_ENV, raising=False)
+        assert m.use_triton(rows)
+        got = m._windowed_args(*args)
+        monkeypatch.setenv(m.TORCH_MASK_ENV, "1")
+        assert not m.use_triton(rows)
+        ref = m._windowed_args(*args)
+        for name, a, b in zip(("kv_indices", "kv_indptr", "qo_indptr", "mask"), got, ref):
+            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), (trial, name, seq)
+        checked += 1
+    _report(f"triton_vs_torch_topk{topk}", {"batches": checked, "equal": True})
+    assert checked == 40

@@ -26,6 +26,14 @@ Bug
       second, would overwrite the sliding-window mask the graph reads);
     - ``generate_attn_arg_prefill``: keys are positions ``[seq_len - L, seq_len + q_len)``
       with ``L = min(seq_len, window)``, and the mask is re-laid for ``L + q_len`` columns.
+      Classic builder (given ``req_to_token``): the keys are gathered here. Translator
+      builder (given ``translator``, ``plan``, ``kind``): sglang's builder runs with a
+      translator whose ``pack_read_stream`` gets ``kv_start_idx``, so sglang's own gather
+      (per-request kernel or the plan's read table) keeps its id spaces; the mask is
+      replaced.
+    Two-wrapper backends plan verify with plain ``plan()`` in every release (the sync-free
+    ``fast_prefill_plan`` is installed only with no dispatch reason), so the host layout
+    is flashinfer's own, read from the device indptr the builder returns.
     Window semantics, as sglang's decode path and the flashinfer kernel define them
     (``window = sliding_window - 1`` = the layer's ``sliding_window_size`` = flashinfer's
     ``window_left``): a query at position ``p`` sees the keys at positions ``[p - window, p]``.
@@ -51,18 +59,18 @@ Upstream PRs
     its ``kv_start_idx`` and the ``prefix_lens is None`` branch (0.5.14).
 
 Affected versions
-    0.5.10-0.5.13: TypeError (``prefix_lens`` None in the window code). 0.5.14 and later:
-    wrong keys and mask (the release train through 0.5.23). The fix is installed on the
-    classic form of ``call_begin_forward`` (``generate_attn_arg_prefill`` given
-    ``req_to_token``); the KV-index-translator form (0.5.23: translator, fast verify plan)
-    is reported as unknown, not patched.
+    0.5.10-0.5.13: TypeError (``prefix_lens`` None in the window code). 0.5.14-0.5.23: wrong
+    keys and mask; the builder takes ``req_to_token`` through 0.5.21 and a KV-index
+    translator from 0.5.22 (0.5.20 and 0.5.21 already translate in ``call_begin_forward``
+    but still hand EAGLE ``req_to_token``). Both forms are patched.
 
 Detection
     Structure of the installed code: fixed when ``EagleVerifyInput.generate_attn_arg_prefill``
     takes ``kv_start_idx`` and every builder call in ``call_begin_forward`` passes it; else
     the crash form when ``update_sliding_window`` subtracts ``prefix_lens`` with no
-    ``prefix_lens is None`` branch, the wrong-keys form when it has one. Needed for both, in
-    the classic form; anything else is unknown.
+    ``prefix_lens is None`` branch, the wrong-keys form when it has one. Needed for both
+    when the builder's parameters are the classic (``req_to_token``) or the translator
+    (``translator``, ``plan``, ``kind``) form; anything else is unknown.
 
 Delete when
     The oldest supported sglang carries #39287 (or an equivalent windowed EAGLE verify in
@@ -94,6 +102,8 @@ VERIFY_ARGS = VERIFY_INPUT + ".generate_attn_arg_prefill"
 CRASH_FORM = "crash"
 WRONG_KEYS_FORM = "wrong-keys"
 FIXED_FORM = "fixed"
+CLASSIC_BUILDER = "req_to_token"
+TRANSLATOR_BUILDER = "KV-index-translator"
 _SUBTRACTS_PREFIX = "seq_lens-prefix_lens"
 _NONE_BRANCH = "ifprefix_lensisNone"
 _BUILDER_CALL = re.compile(r"generate_attn_arg_prefill\(")
@@ -129,15 +139,19 @@ class _Params:
     """Where each parameter of a hooked function sits (positional index counting ``self``,
     default), resolved once per function: the hot path reads args/kwargs directly."""
 
-    __slots__ = ("pos", "default")
+    __slots__ = ("pos", "default", "names")
 
     def __init__(self, fn):
         self.pos, self.default = {}, {}
+        self.names = frozenset(inspect.signature(fn).parameters)
         for i, p in enumerate(inspect.signature(fn).parameters.values()):
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
                 self.pos[p.name] = i
             if p.default is not p.empty:
                 self.default[p.name] = p.default
+
+    def has(self, name) -> bool:
+        return name in self.names
 
     def get(self, name, args, kwargs):
         """``args`` includes ``self``."""
@@ -383,6 +397,25 @@ def _windowed_args(spec_info, req_pool_indices, paged_kernel_lens, paged_kernel_
     return kv_indices, kv_indptr, qo_indptr, mask
 
 
+class _ReadFromStart:
+    """A ``KVIndexTranslator`` whose ``pack_read_stream`` reads each request's row from
+    the sliding-window start: what the translator form of the builder is given instead
+    of the translator, so sglang's own gather (table path or kernel) stays in charge of
+    id spaces. Everything else is the translator's."""
+
+    __slots__ = ("_translator", "_start")
+
+    def __init__(self, translator, start):
+        self._translator, self._start = translator, start
+
+    def pack_read_stream(self, plan, **kwargs):
+        kwargs["kv_start_idx"] = self._start
+        return self._translator.pack_read_stream(plan, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._translator, name)
+
+
 def _generate_attn_arg_prefill(original, self, *args, **kwargs):
     active = getattr(_active, "window", None)
     if active is None:
@@ -390,8 +423,19 @@ def _generate_attn_arg_prefill(original, self, *args, **kwargs):
     _active.window = None  # one builder call per plan
     p = _params(original)
     full = (self,) + args
-    return _windowed_args(self, p.get("req_pool_indices", full, kwargs), p.get("paged_kernel_lens", full, kwargs),
-                          p.get("paged_kernel_lens_sum", full, kwargs), p.get("req_to_token", full, kwargs), *active)
+    if p.has("req_to_token"):  # classic form: the builder gathers from req_to_token itself
+        return _windowed_args(self, p.get("req_pool_indices", full, kwargs), p.get("paged_kernel_lens", full, kwargs),
+                              p.get("paged_kernel_lens_sum", full, kwargs), p.get("req_to_token", full, kwargs), *active)
+    # KV-index-translator form (0.5.22+): sglang's builder, its gather started at the window
+    b = _bound(original, full, kwargs)
+    a = b.arguments
+    start, window = active
+    a["translator"] = _ReadFromStart(a["translator"], start)
+    kv_indices, kv_indptr, qo_indptr, _ = original(*b.args, **b.kwargs)
+    build = windowed_verify_mask_triton if use_triton(start) else windowed_verify_mask
+    mask = build(self.custom_mask, a["paged_kernel_lens"], start, self.draft_token_num, window,
+                 int(a["paged_kernel_lens_sum"]))
+    return kv_indices, kv_indptr, qo_indptr, mask
 
 
 # ---------------------------------------------------------------------------- detection
@@ -416,9 +460,20 @@ def classify(updater_cls: type, verify_cls: type) -> "tuple[str, Detection]":
         form, why = CRASH_FORM, "the window code subtracts verify's None prefix_lens (TypeError)"
     else:
         return "", Detection.unknown("update_sliding_window has an unrecognised shape")
-    if "req_to_token" not in params or "translator" in params:
-        return form, Detection.unknown(f"{why}; this release's builder form (KV-index translator) is not patched")
-    return form, Detection.needed(why)
+    shape = builder_form(params)
+    if not shape:
+        return form, Detection.unknown(f"{why}; the EAGLE verify builder has an unrecognised signature")
+    return form, Detection.needed(f"{why} ({shape} builder)")
+
+
+def builder_form(params) -> str:
+    """How ``EagleVerifyInput.generate_attn_arg_prefill`` gathers keys: from ``req_to_token``
+    (classic) or through a ``KVIndexTranslator`` (``translator``/``plan``/``kind``)."""
+    if "req_to_token" in params:
+        return CLASSIC_BUILDER
+    if {"translator", "plan", "kind"} <= set(params):
+        return TRANSLATOR_BUILDER
+    return ""
 
 
 class FlashinferSwaVerifyFix(Fix):
@@ -430,7 +485,7 @@ class FlashinferSwaVerifyFix(Fix):
         UPDATE_SW: ("self", "req_pool_indices", "seq_lens", "seq_lens_cpu", "seq_lens_sum", "prefix_lens"),
         BEGIN: ("self", "wrapper_ragged", "wrapper_paged", "req_pool_indices", "paged_kernel_lens",
                 "paged_kernel_lens_sum", "seq_lens", "prefix_lens", "kv_start_idx", "kv_indptr"),
-        VERIFY_ARGS: ("self", "req_pool_indices", "paged_kernel_lens", "paged_kernel_lens_sum", "req_to_token"),
+        VERIFY_ARGS: ("self", "req_pool_indices", "paged_kernel_lens", "paged_kernel_lens_sum"),
     }
 
     def detect(self) -> Detection:

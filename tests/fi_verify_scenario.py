@@ -27,16 +27,30 @@ PREFIXES = (20, 5, 13, 8)  # longer than, shorter than, longer than and just pas
 
 
 class KvIndicesTwin:
-    """``create_flashinfer_kv_indices_triton[grid](...)`` in torch (CPU only)."""
+    """``create_flashinfer_kv_indices_triton[grid](...)`` in torch (CPU only), with the
+    translator form's keywords (0.5.22+): a page-granular source table
+    (``ENTRY_PAGE_SIZE``) and a fused id remap (``token_mapping``); any token-block
+    grid gives the same stream."""
 
     def __getitem__(self, grid):
-        def run(req_to_token, req_pool_indices, page_kernel_lens, kv_indptr, kv_start_idx, kv_indices, stride):
+        def run(req_to_token, req_pool_indices, page_kernel_lens, kv_indptr, kv_start_idx, kv_indices, stride,
+                ENTRY_PAGE_SIZE=1, TOKEN_BLOCK_PARALLEL=False, token_mapping=None):
+            import torch
+
             for b in range(int(grid[0])):
                 start = int(kv_start_idx[b]) if kv_start_idx is not None else 0
                 n, off = int(page_kernel_lens[b]), int(kv_indptr[b])
                 row = req_to_token[int(req_pool_indices[b])]
-                kv_indices[off:off + n] = row[start:start + n].to(kv_indices.dtype)
+                pos = torch.arange(start, start + n)
+                data = row[pos // ENTRY_PAGE_SIZE].to(torch.int64) * ENTRY_PAGE_SIZE + pos % ENTRY_PAGE_SIZE
+                if token_mapping is not None:
+                    data = torch.where(data >= 0, token_mapping[data.clamp(min=0)].to(torch.int64), -1)
+                kv_indices[off:off + n] = data.to(kv_indices.dtype)
         return run
+
+
+_GATHER_MODULES = ("sglang.srt.speculative.eagle_info", "sglang.srt.layers.attention.flashinfer_backend",
+                   "sglang.srt.mem_cache.kv_index_translator")
 
 
 def kernel_twins():
@@ -45,13 +59,13 @@ def kernel_twins():
 
     import torch
 
-    from sglang_swa_plugin.probe import swapped
+    from sglang_swa_plugin.probe import optional_module, swapped
 
     stack = contextlib.ExitStack()
     if not torch.cuda.is_available():
-        for name in ("sglang.srt.speculative.eagle_info", "sglang.srt.layers.attention.flashinfer_backend"):
-            mod = importlib.import_module(name)
-            if hasattr(mod, "create_flashinfer_kv_indices_triton"):
+        for name in _GATHER_MODULES:
+            mod = optional_module(name)
+            if mod is not None and hasattr(mod, "create_flashinfer_kv_indices_triton"):
                 stack.enter_context(swapped(mod, "create_flashinfer_kv_indices_triton", KvIndicesTwin()))
     return stack
 

@@ -19,15 +19,21 @@ def _form():
     return m.classify(target_class(m.UPDATER), target_class(m.VERIFY_INPUT))
 
 
+def _builder():
+    import inspect
+
+    return m.builder_form(inspect.signature(target_class(m.VERIFY_INPUT).generate_attn_arg_prefill).parameters)
+
+
 def test_detection_form_per_release():
+    """0.5.10-0.5.13 crash form; 0.5.14 on wrong keys, gathered from ``req_to_token`` up to
+    0.5.21 and through the KV-index translator from 0.5.22: needed in every release."""
     form, det = _form()
     rel = sglang_release()
-    if rel < (0, 5, 14):
-        assert form == m.CRASH_FORM and det.verdict is Verdict.NEEDED
-    elif det.verdict is Verdict.UNKNOWN:  # the KV-index-translator form (0.5.23)
-        assert form == m.WRONG_KEYS_FORM and "translator" in det.reason
-    else:
-        assert form == m.WRONG_KEYS_FORM and det.verdict is Verdict.NEEDED
+    assert det.verdict is Verdict.NEEDED, det
+    assert form == (m.CRASH_FORM if rel < (0, 5, 14) else m.WRONG_KEYS_FORM)
+    assert _builder() == (m.TRANSLATOR_BUILDER if rel >= (0, 5, 22) else m.CLASSIC_BUILDER)
+    assert _builder() in det.reason
 
 
 def _needed():

@@ -332,8 +332,8 @@ if triton is not None:
         lo = L + d_i - window
         for s0 in range(0, L.to(tl.int32), BLOCK):
             c = s0 + tl.arange(0, BLOCK).to(tl.int64)
-            o = row_base + c
-            tl.store(out_ptr + o, (c >= lo).to(tl.uint8), mask=(c < L) & (o < out_numel))
+            oc = row_base + c
+            tl.store(out_ptr + oc, (c >= lo).to(tl.uint8), mask=(c < L) & (oc < out_numel))
 
     _mask_kernel = _windowed_mask_kernel
 

@@ -25,6 +25,8 @@ Scenarios:
   llama4_fa3   issue #19: a tiny Llama 4 (chunked layers in the SWA pool) on FA3, page size 1
                and 16, plain decode and EAGLE3 topk 1 / 2, without and with the plugin,
                against plain decode on one pool (--disable-hybrid-swa-memory).
+  fi_verify    flashinfer + EAGLE verify on sliding-window layers (flashinfer_swa_verify):
+               tiny Gemma4 target, topk 1/2 with and without the plugin, against no spec.
   cost         decode throughput for COST_SETTINGS (plugin on / off / on with the guard),
                alternating, warm servers, several repetitions.
 Each scenario writes DIR/<scenario>.json and the server logs DIR/<run>.log.
@@ -656,6 +658,135 @@ def scenario_llama4_fa3(out, _target, _draft):
     return res
 
 
+# Test-side only (put on a server's PYTHONPATH, never installed): sglang 0.5.11's
+# Gemma4ForCausalLM has no get_embed_and_head (nor EAGLE3's set_eagle3_layers_to_capture), so
+# no EAGLE worker starts on it. This adds the one accessor EAGLE needs, as every other EAGLE
+# target defines it (the embedding and lm_head weights); nothing else is changed.
+GEMMA4_EAGLE_SHIM = """
+import importlib.abc, importlib.machinery, sys
+_NAME = "sglang.srt.models.gemma4_causal"
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != _NAME:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_patch(module):
+            exec_module(module)
+            cls = module.Gemma4ForCausalLM
+            if not hasattr(cls, "get_embed_and_head"):
+                cls.get_embed_and_head = lambda self: (self.model.embed_tokens.weight, self.lm_head.weight)
+
+        spec.loader.exec_module = exec_then_patch
+        return spec
+
+sys.meta_path.insert(0, _AfterImport())
+
+# this file shadows any other sitecustomize on the path: run the next one too
+import importlib.util, os
+_here = os.path.dirname(os.path.abspath(__file__))
+_next = importlib.machinery.PathFinder.find_spec(
+    "sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != _here])
+if _next is not None and _next.loader is not None:
+    _mod = importlib.util.module_from_spec(_next)
+    _next.loader.exec_module(_mod)
+"""
+
+
+def gemma4_config(vocab: int = 2048, window: int = 16):
+    """Tiny Gemma4ForCausalLM (model_type gemma4_text): 4 layers sliding/full/sliding/full,
+    window 16, hidden 256, 4 heads, 2 KV heads, head_dim 64 on both layer types (one KV pool
+    layout, one flashinfer head dim), no per-layer embeddings, no KV sharing, no MoE, no
+    softcapping, default RoPE on both layer types, untied lm_head, init std 0.1. The swa_* keys
+    are what sglang's config loader derives for the multimodal Gemma4 config only; a text-only
+    config must carry them itself (the hybrid SWA pool reads them)."""
+    from transformers import Gemma4TextConfig
+
+    rope = {"rope_type": "default", "rope_theta": 10000.0}
+    cfg = Gemma4TextConfig(
+        vocab_size=vocab, vocab_size_per_layer_input=vocab, hidden_size=256, intermediate_size=512,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64, global_head_dim=64,
+        num_global_key_value_heads=2, hidden_size_per_layer_input=0, num_kv_shared_layers=0,
+        enable_moe_block=False, attention_k_eq_v=False, use_double_wide_mlp=False, final_logit_softcapping=None,
+        sliding_window=window, max_position_embeddings=4096, tie_word_embeddings=False, initializer_range=0.1,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        rope_parameters={"sliding_attention": dict(rope), "full_attention": dict(rope)},
+    )
+    cfg.swa_head_dim = cfg.swa_v_head_dim = cfg.v_head_dim = 64
+    cfg.swa_num_key_value_heads = 2
+    cfg.architectures = ["Gemma4ForCausalLM"]
+    cfg.torch_dtype = "bfloat16"
+    return cfg
+
+
+def make_gemma4_pair(root: str) -> tuple:
+    """(target dir, EAGLE draft dir, shim dir): the tiny Gemma4 target with random weights
+    (std 0.1, a real checkpoint: sglang's dummy weights would make attention nearly uniform),
+    a LlamaForCausalLMEagle draft (one layer; EAGLE shares the target's embedding and lm_head,
+    its own weights are sglang's dummy ones), and the directory holding GEMMA4_EAGLE_SHIM as
+    sitecustomize.py."""
+    import torch
+    from transformers import Gemma4ForCausalLM, LlamaConfig
+
+    cfg = gemma4_config()
+    torch.manual_seed(4)
+    target = os.path.join(root, "gemma4_target")
+    Gemma4ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(target, safe_serialization=True)
+    draft = os.path.join(root, "gemma4_draft")
+    d = LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
+                    tie_word_embeddings=False)
+    d.architectures = ["LlamaForCausalLMEagle"]
+    d.torch_dtype = "bfloat16"
+    d.save_pretrained(draft)
+    shim = os.path.join(root, "gemma4_shim")
+    os.makedirs(shim, exist_ok=True)
+    with open(os.path.join(shim, "sitecustomize.py"), "w") as f:
+        f.write(GEMMA4_EAGLE_SHIM)
+    return target, draft, shim
+
+
+def scenario_fi_verify(out, _target, _draft):
+    """flashinfer_swa_verify on a real server, CUDA graphs on: a tiny hybrid-SWA Gemma4
+    (make_gemma4_pair; GPT-OSS is refused with flashinfer) on --attention-backend flashinfer,
+    EAGLE (plain: 0.5.11's Gemma4 is no EAGLE3 target, and needs the test-side accessor
+    GEMMA4_EAGLE_SHIM even for EAGLE, on every server's PYTHONPATH, spec or not), 32 prompts
+    of 100 tokens (window 16), 48 new tokens, greedy, 32 at once. Judged against ``ref``
+    (no spec, plugin on). Rows: k1/k2 = topk 1 (3 steps, 4 draft tokens) / topk 2 (4 draft
+    tokens), _on/_off = plugin loaded or not (without it 0.5.10-0.5.13 fail at start-up with a
+    TypeError: ``prefix_lens`` None); k1_nohy_on: --disable-hybrid-swa-memory with the plugin,
+    the accept-length reference; nospec_nohy: no spec on that pool (rounding between the two
+    pool layouts); k1_on_eager: graphs off. Output equality is limited by the rounding that
+    nospec_nohy shows; accept length of k1_on must equal k1_nohy_on's."""
+    target, draft, shim = make_gemma4_pair(tempfile.mkdtemp(prefix="swa_fi_"))
+    reqs = prompts(32, 100, seed=7)
+    common = BASE + ["--model-path", target, "--attention-backend", "flashinfer"]
+    spec = lambda topk: ["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", draft,
+                         "--speculative-draft-load-format", "dummy", "--speculative-eagle-topk", str(topk),
+                         "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
+    pp = os.pathsep.join(filter(None, [shim, os.environ.get("PYTHONPATH")]))
+    on, off = {**ON, "PYTHONPATH": pp}, {**OFF, "PYTHONPATH": pp}
+    nohy = ["--disable-hybrid-swa-memory"]
+    rows = {
+        "ref": (common, on), "nospec_nohy": (common + nohy, on),
+        "k1_off": (common + spec(1), off), "k1_on": (common + spec(1), on),
+        "k2_off": (common + spec(2), off), "k2_on": (common + spec(2), on),
+        "k1_nohy_on": (common + spec(1) + nohy, on), "k1_on_eager": (eager(common + spec(1)), on),
+    }
+    res = run_many({k: (f"fi_{k}", out, args, env, reqs, 48) for k, (args, env) in rows.items()})
+    for k, r in res.items():
+        log = os.path.join(out, f"fi_{k}.log")
+        lines = open(log, errors="replace").read().splitlines() if os.path.exists(log) else []
+        r["type_errors"] = [l[-240:] for l in lines if "TypeError" in l][:3]
+        r["plugin_log"] = [l[-160:] for l in r.get("plugin_log", []) if "flashinfer" in l or "swa_verify" in l][:4]
+    res["reference_distinct_outputs"] = len({tuple(o) for o in res["ref"].get("outputs") or [] if o})
+    res["accept_length"] = {k: r.get("accept_length") for k, r in res.items() if isinstance(r, dict) and "name" in r}
+    return {**res, **judged({k: v for k, v in res.items() if isinstance(v, dict) and "name" in v}, "ref")}
+
 SETTINGS = {"off": OFF, "on": ON, "guard": {**ON, "SGLANG_SWA_PLUGIN_GUARD": "1"}}
 
 
@@ -689,7 +820,7 @@ def scenario_cost(out, target, _draft, reps: int = int(os.environ.get("COST_REPS
 SCENARIOS = {"trtllm_eagle_accept": scenario_trtllm_eagle_accept, "xqa_verify": scenario_xqa_verify,
              "fa3_seq": scenario_fa3_seq, "fa3_eagle3": scenario_fa3_eagle3, "fa3_control": scenario_fa3_control,
              "guard_server": scenario_guard_server, "batched_decode": scenario_batched_decode, "cost": scenario_cost,
-             "llama4_fa3": scenario_llama4_fa3}
+             "llama4_fa3": scenario_llama4_fa3, "fi_verify": scenario_fi_verify}
 
 
 def _summary(res: dict) -> dict:
@@ -704,7 +835,7 @@ def _summary(res: dict) -> dict:
                                                 "assertions", "round_tok_per_s", "steps_with_index_spaces_apart",
                                                 "guard_message", "illegal_memory_access", "assert_lines") if v.get(x) not in (None, [], False)}
             summary[k]["plugin_log"] = [l[-110:] for l in v.get("plugin_log", [])
-                                        if "trtllm_xqa" in l or "guard" in l or "fa3_local_attn_pages" in l][:2]
+                                        if "trtllm_xqa" in l or "guard" in l or "fa3_local_attn_pages" in l or "flashinfer" in l][:2]
         elif isinstance(v, dict):
             summary[k] = _summary(v)
         elif not isinstance(v, list):

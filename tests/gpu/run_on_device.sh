@@ -6,7 +6,7 @@
 #   bash tests/gpu/run_on_device.sh STEP [STEP ...]
 # Steps: unpack | unpack12 | smoke | trtllm_eagle_accept | xqa_verify | fa3_seq | fa3_eagle3 | fa3_control | cost | fp8 | fp8w |
 #        guard_kernel | guard_server | gpu_tests | bench_decode | bench_fix_step | graph_kernel | bench_xqa | servers | fi7 | pack |
-#        llama4
+#        llama4 | fi_kernel | bench_fi | fi_verify
 # servers: SCENARIOS="xqa_verify trtllm_eagle_accept ..." PARALLEL=N (side by side on the GPU)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -31,8 +31,16 @@ for step in "$@"; do
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
       PYTHONPATH=/root/site python3 -c "import sglang, sgl_kernel, flashinfer, torch; from importlib.metadata import version as v; print('sglang', v('sglang'), 'flashinfer', v('flashinfer-python'), 'torch', torch.__version__, torch.cuda.get_device_name())"
       (cd /tmp && PYTHONPATH=/root/site python3 -m sglang_swa_plugin.cli doctor) ;;
+    fi_kernel)  # flashinfer_swa_verify against torch attention, eager and CUDA graph, topk 1/2, stock rows too
+      repo=$(pwd); (cd /tmp && OUT=$OUT PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-500} python3 -m pytest -q -rs -s -m gpu \
+        "$repo/tests/gpu/test_flashinfer_swa_verify_gpu.py" -p no:cacheprovider 2>&1 | tee "$OUT/fi_kernel.log" | grep -E "^(fixed|stock)_|passed|failed|Error" | tail -20) ;;
+    bench_fi)
+      PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-400} python3 tests/benchmarks/bench_flashinfer_verify_gpu.py ${ITERS:-300} 2>&1 | tee "$OUT/bench_fi.log" | grep -E "BENCH_FI|Error" ;;
     trtllm_eagle_accept|xqa_verify|fa3_seq|fa3_eagle3|fa3_control|cost)
       PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-560} python3 tests/gpu/e2e_server.py $step --out "$OUT" ;;
+    fi_verify)  # 8 servers: side by side as in the servers step
+      PARALLEL=${PARALLEL:-8} MEM_FRACTION=${MEM_FRACTION:-0.8} PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-560} \
+        python3 tests/gpu/e2e_server.py fi_verify --out "$OUT" ;;
     fp8)
       PYTHONPATH=/root/fi:/root/site timeout ${STEP_TIMEOUT:-400} python3 tests/gpu/fp8_xqa_probe.py --json "$OUT/fp8_xqa.json" ;;
     fp8w)  # the plugin's calls and the sanity cases again on a sliding-window layer

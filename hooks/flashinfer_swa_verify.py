@@ -1,0 +1,507 @@
+"""flashinfer: EAGLE verify on sliding-window layers attends to its own window (retained keys, re-laid tree mask).
+
+Bug
+    With two wrappers (``WrapperDispatch.SLIDING_WINDOW``) ``FlashInferIndicesUpdaterPrefill``
+    plans the sliding-window wrapper (wrapper 0) of a TARGET_VERIFY batch over a prefix
+    clipped to the window (``paged_kernel_lens = min(seq_lens, window)``, start
+    ``seq_lens - paged_kernel_lens``), but ``EagleVerifyInput.generate_attn_arg_prefill``
+    gathers every request's keys from position 0 (no start; only DFlash verify is given
+    ``kv_start_idx``) and returns the tree mask laid out for the full prefix
+    (``q_len x (seq_len + q_len)`` per request). Once a prefix is longer than the window each
+    SWA layer attends to the keys at positions ``[0, window + q_len)``: not its own draft
+    tokens, and through mask bits of other columns (the row widths differ, so later requests
+    of the batch read their neighbours' bits). On a hybrid SWA pool those early positions
+    translate to freed SWA slots. Greedy output past the window is wrong and the accept
+    length collapses. In 0.5.10-0.5.13 the window code subtracts ``prefix_lens``, which
+    verify passes as None: a TypeError at start-up (CUDA-graph capture) or at the first
+    verify step.
+
+    The fix, around three functions, only for an EAGLE verify batch (``EagleVerifyInput``
+    with a custom mask) on the sliding-window wrapper of a two-wrapper backend:
+    - ``update_sliding_window``: a None ``prefix_lens`` becomes ``seq_lens`` (verify keeps
+      its draft tokens outside ``seq_lens``), what 0.5.14 and later do;
+    - ``call_begin_forward``: hands the clipped start to the call below, and under CUDA
+      graphs gives the sliding-window wrapper its own packed-mask buffer (sglang builds both
+      wrappers on one ``cuda_graph_custom_mask``, so the full-attention plan, which runs
+      second, would overwrite the sliding-window mask the graph reads);
+    - ``generate_attn_arg_prefill``: keys are positions ``[seq_len - L, seq_len + q_len)``
+      with ``L = min(seq_len, window)``, and the mask is re-laid for ``L + q_len`` columns.
+      Classic builder (given ``req_to_token``): the keys are gathered here. Translator
+      builder (given ``translator``, ``plan``, ``kind``): sglang's builder runs with a
+      translator whose ``pack_read_stream`` gets ``kv_start_idx``, so sglang's own gather
+      (per-request kernel or the plan's read table) keeps its id spaces; the mask is
+      replaced.
+    Two-wrapper backends plan verify with plain ``plan()`` in every release (the sync-free
+    ``fast_prefill_plan`` is installed only with no dispatch reason), so the host layout
+    is flashinfer's own, read from the device indptr the builder returns.
+    Window semantics, as sglang's decode path and the flashinfer kernel define them
+    (``window = sliding_window - 1`` = the layer's ``sliding_window_size`` = flashinfer's
+    ``window_left``): a query at position ``p`` sees the keys at positions ``[p - window, p]``.
+    A draft token at tree depth ``d`` sits at ``seq_len + d`` (not ``seq_len + row``: tree
+    siblings share a depth), so each row gets its own left edge: prefix column ``c`` (position
+    ``seq_len - L + c``) is on for row ``i`` iff ``c >= L + d_i - window``; draft column ``j``
+    keeps the tree bit (and ``d_j >= d_i - window``). Depths come from the tree mask itself
+    (ones in the row's draft block, minus one), so the dummy capture input needs no
+    positions. The verify wrappers are planned with ``window_left = -1`` in these releases
+    (the kernel's own window is compiled out), so the mask alone decides: exact for chains
+    and trees. Device work only, once per verify step (no device-to-host copy, nothing per
+    layer); its size is known on the host from the sum sglang already computed.
+    On CUDA the keys come from sglang's ``create_flashinfer_kv_indices_triton`` and the mask
+    from one Triton kernel (one program per request and draft row); the torch ops are the
+    CPU path and the reference (``SGLANG_SWA_PLUGIN_FI_TORCH_MASK=1`` forces them on CUDA).
+    Page size: the flashinfer backend plans pages of one token whatever ``--page-size`` is,
+    so the keys are token indices for every page size.
+
+Upstream PRs
+    Issue #22679 (open). #39160 (closed) and #39287 (open): pass the SWA start to EAGLE's
+    builder and compact the tree mask per request with per-node window bounds, separate
+    packed-mask buffers for the SWA and full CUDA-graph wrappers. #27469 gave DFlash verify
+    its ``kv_start_idx`` and the ``prefix_lens is None`` branch (0.5.14).
+
+Affected versions
+    0.5.10-0.5.13: TypeError (``prefix_lens`` None in the window code). 0.5.14-0.5.23: wrong
+    keys and mask; the builder takes ``req_to_token`` through 0.5.21 and a KV-index
+    translator from 0.5.22 (0.5.20 and 0.5.21 already translate in ``call_begin_forward``
+    but still hand EAGLE ``req_to_token``). Both forms are patched.
+
+Detection
+    Structure of the installed code: fixed when ``EagleVerifyInput.generate_attn_arg_prefill``
+    takes ``kv_start_idx`` and every builder call in ``call_begin_forward`` passes it; else
+    the crash form when ``update_sliding_window`` subtracts ``prefix_lens`` with no
+    ``prefix_lens is None`` branch, the wrong-keys form when it has one. Needed for both
+    when the builder's parameters are the classic (``req_to_token``) or the translator
+    (``translator``, ``plan``, ``kind``) form; anything else is unknown.
+
+Delete when
+    The oldest supported sglang carries #39287 (or an equivalent windowed EAGLE verify in
+    the flashinfer backend).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import re
+import threading
+from typing import Any, Optional
+
+from sglang_swa_plugin.fix import Detection, Fix, hookimpl
+from sglang_swa_plugin.probe import compact, normalized_source, optional_module, own_function, target_class
+
+logger = logging.getLogger("sglang.srt.plugins.swa_plugin")
+
+MODULE = "sglang.srt.layers.attention.flashinfer_backend"
+UPDATER = MODULE + ".FlashInferIndicesUpdaterPrefill"
+UPDATE_SW = UPDATER + ".update_sliding_window"
+BEGIN = UPDATER + ".call_begin_forward"
+EAGLE_INFO = "sglang.srt.speculative.eagle_info"
+VERIFY_INPUT = EAGLE_INFO + ".EagleVerifyInput"
+VERIFY_ARGS = VERIFY_INPUT + ".generate_attn_arg_prefill"
+
+CRASH_FORM = "crash"
+WRONG_KEYS_FORM = "wrong-keys"
+FIXED_FORM = "fixed"
+CLASSIC_BUILDER = "req_to_token"
+TRANSLATOR_BUILDER = "KV-index-translator"
+_SUBTRACTS_PREFIX = "seq_lens-prefix_lens"
+_NONE_BRANCH = "ifprefix_lensisNone"
+_BUILDER_CALL = re.compile(r"generate_attn_arg_prefill\(")
+
+_active = threading.local()  # .window: (kv_start_idx, window) while wrapper 0 of a verify batch is planned
+
+
+# ---------------------------------------------------------------------------- the fix
+
+
+def _verify_input_class() -> Optional[type]:
+    mod = optional_module(EAGLE_INFO)
+    return getattr(mod, "EagleVerifyInput", None) if mod is not None else None
+
+
+def is_eagle_verify(spec_info: Any) -> bool:
+    cls = _verify_input_class()
+    return (cls is not None and isinstance(spec_info, cls)
+            and getattr(spec_info, "custom_mask", None) is not None)
+
+
+def _bound(fn, args, kwargs) -> inspect.BoundArguments:
+    sig = _SIGS.get(fn)
+    if sig is None:
+        sig = _SIGS[fn] = inspect.signature(fn)
+    return sig.bind(*args, **kwargs)
+
+
+_SIGS: dict = {}
+
+
+class _Params:
+    """Where each parameter of a hooked function sits (positional index counting ``self``,
+    default), resolved once per function: the hot path reads args/kwargs directly."""
+
+    __slots__ = ("pos", "default", "names")
+
+    def __init__(self, fn):
+        self.pos, self.default = {}, {}
+        self.names = frozenset(inspect.signature(fn).parameters)
+        for i, p in enumerate(inspect.signature(fn).parameters.values()):
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+                self.pos[p.name] = i
+            if p.default is not p.empty:
+                self.default[p.name] = p.default
+
+    def has(self, name) -> bool:
+        return name in self.names
+
+    def get(self, name, args, kwargs):
+        """``args`` includes ``self``."""
+        i = self.pos.get(name)
+        if i is not None and i < len(args):
+            return args[i]
+        return kwargs.get(name, self.default.get(name))
+
+    def call_with(self, fn, args, kwargs, name, value):
+        """``fn(*args, **kwargs)`` with argument ``name`` replaced by ``value``."""
+        i = self.pos.get(name)
+        if i is not None and i < len(args):
+            return fn(*args[:i], value, *args[i + 1:], **kwargs)
+        return fn(*args, **{**kwargs, name: value})
+
+
+_PARAMS: dict = {}
+
+
+def _params(fn) -> _Params:
+    p = _PARAMS.get(fn)
+    if p is None:
+        p = _PARAMS[fn] = _Params(fn)
+    return p
+
+
+def _update_sliding_window(original, self, *args, **kwargs):
+    """A verify batch's None ``prefix_lens`` is ``seq_lens`` (the crash form subtracts it)."""
+    p = _params(original)
+    full = (self,) + args
+    if p.get("prefix_lens", full, kwargs) is None and is_eagle_verify(p.get("spec_info", full, kwargs)):
+        return p.call_with(original, full, kwargs, "prefix_lens", p.get("seq_lens", full, kwargs))
+    return original(self, *args, **kwargs)
+
+
+def _is_window_wrapper(updater, kv_indptr) -> bool:
+    backend = getattr(updater, "attn_backend", None)
+    reason = getattr(backend, "dispatch_reason", None)
+    return (reason is not None and getattr(reason, "name", "") == "SLIDING_WINDOW"
+            and updater.sliding_window_size is not None and kv_indptr is updater.kv_indptr[0])
+
+
+def own_mask_buffer(backend, wrapper, draft_token_num: int, window: int):
+    """The sliding-window verify wrapper's own packed-mask buffer (CUDA graphs), made once
+    per backend: every request packs at most ``q_len * (window + q_len)`` bits."""
+    max_bs = len(backend.kv_indptr[0]) - 1
+    need = max_bs * ((draft_token_num * (window + draft_token_num) + 7) // 8) + 16
+    buf = getattr(backend, "_swa_verify_mask_buf", None)
+    if buf is None or buf.numel() < need:
+        import torch
+
+        buf = torch.zeros(need, dtype=torch.uint8, device=wrapper._custom_mask_buf.device)
+        backend._swa_verify_mask_buf = buf
+    return buf
+
+
+def _call_begin_forward(original, self, *args, **kwargs):
+    p = _params(original)
+    full = (self,) + args
+    spec_info, start = p.get("spec_info", full, kwargs), p.get("kv_start_idx", full, kwargs)
+    if start is None or not is_eagle_verify(spec_info) or not _is_window_wrapper(self, p.get("kv_indptr", full, kwargs)):
+        return original(self, *args, **kwargs)
+    wrapper = p.get("wrapper_paged", full, kwargs)
+    shared = getattr(self.attn_backend, "cuda_graph_custom_mask", None)
+    if shared is not None and getattr(wrapper, "_custom_mask_buf", None) is shared:
+        wrapper._custom_mask_buf = own_mask_buffer(self.attn_backend, wrapper, spec_info.draft_token_num,
+                                                   self.sliding_window_size)
+    _active.window = (start, self.sliding_window_size)
+    try:
+        return original(self, *args, **kwargs)
+    finally:
+        _active.window = None
+
+
+def windowed_verify_mask(tree_mask, prefix_kept, kv_start, draft_token_num: int, window: int, kept_sum: int):
+    """The verify mask for keys ``[seq_len - L, seq_len + q_len)`` of each request, from
+    sglang's full-prefix tree mask (``q_len x (seq_len + q_len)`` per request, flattened).
+    ``prefix_kept`` is L per request, ``kv_start`` is ``seq_len - L``, ``kept_sum`` the host
+    sum of L. Row i (tree depth d_i) sees prefix column c iff ``c >= L + d_i - window`` and
+    draft column j iff its tree bit is set and ``d_j >= d_i - window``."""
+    import torch
+
+    n = int(draft_token_num)
+    dev = prefix_kept.device
+    L = prefix_kept.to(torch.int64)
+    P = kv_start.to(torch.int64) + L
+    bs = L.numel()
+    new_row = L + n
+    new_end = torch.cumsum(n * new_row, 0)
+    new_off = new_end - n * new_row
+    old_row = P + n
+    old_off = torch.cumsum(n * old_row, 0) - n * old_row
+    flat = tree_mask.reshape(-1)
+    ar = torch.arange(n, device=dev)
+    # The draft block of the stock mask: [bs, row, draft column].
+    idx = old_off.view(-1, 1, 1) + ar.view(1, -1, 1) * old_row.view(-1, 1, 1) + P.view(-1, 1, 1) + ar.view(1, 1, -1)
+    if flat.numel() == 0:
+        tree = torch.ones(bs, n, n, dtype=torch.bool, device=dev)
+    else:
+        tree = flat[idx.clamp_(0, flat.numel() - 1)].to(torch.bool)  # padded graph rows: any bits
+    depth = tree.sum(-1) - 1
+    t = torch.arange(n * kept_sum + n * n * bs, device=dev)
+    req = torch.searchsorted(new_end, t, right=True)
+    local = t - new_off[req]
+    width = new_row[req]
+    row = local // width
+    col = local - row * width
+    kept = L[req]
+    d_row = depth[req, row]
+    j = (col - kept).clamp(0, n - 1)
+    draft_ok = tree[req, row, j] & (depth[req, j] >= d_row - window)
+    return torch.where(col < kept, col >= kept + d_row - window, draft_ok)
+
+
+TORCH_MASK_ENV = "SGLANG_SWA_PLUGIN_FI_TORCH_MASK"
+
+
+def use_triton(t) -> bool:
+    """Triton kernels for CUDA tensors (one launch each for keys and mask); the torch ops
+    elsewhere, and on CUDA too with ``SGLANG_SWA_PLUGIN_FI_TORCH_MASK=1`` (the reference)."""
+    return t.is_cuda and _mask_kernel is not None and os.environ.get(TORCH_MASK_ENV, "") != "1"
+
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - sglang depends on triton
+    triton = tl = None
+
+_mask_kernel = None
+if triton is not None:
+
+    @triton.jit
+    def _windowed_mask_kernel(tree_ptr, tree_numel, kept_ptr, start_ptr, out_ptr, out_numel, window,
+                              N: tl.constexpr, NB: tl.constexpr, BS_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+                              EMPTY: tl.constexpr):
+        """One program per (request b, draft row i): row i of request b of the re-laid mask
+        (``L + N`` columns, uint8 0/1), what ``windowed_verify_mask`` computes."""
+        b = tl.program_id(0)
+        i = tl.program_id(1)
+        L = tl.load(kept_ptr + b).to(tl.int64)
+        P = tl.load(start_ptr + b).to(tl.int64) + L
+        # Offsets of request b in the stock mask (rows P + N wide) and in ours (L + N).
+        old_acc = tl.zeros([BS_BLOCK], dtype=tl.int64)
+        new_acc = tl.zeros([BS_BLOCK], dtype=tl.int64)
+        for s0 in range(0, b, BS_BLOCK):
+            offs = s0 + tl.arange(0, BS_BLOCK)
+            m = offs < b
+            kept = tl.load(kept_ptr + offs, mask=m, other=0).to(tl.int64)
+            st = tl.load(start_ptr + offs, mask=m, other=0).to(tl.int64)
+            add = tl.where(m, N, 0).to(tl.int64)
+            old_acc += st + kept + add
+            new_acc += kept + add
+        old_off = N * tl.sum(old_acc, axis=0)
+        new_off = N * tl.sum(new_acc, axis=0)
+        old_row = P + N
+        new_row = L + N
+        # The draft block of the stock mask, every row: [row r, draft column c].
+        jj = tl.arange(0, NB)
+        r2 = jj[:, None]
+        c2 = jj[None, :]
+        m2 = (r2 < N) & (c2 < N)
+        if EMPTY:
+            tree = m2.to(tl.int32)
+        else:
+            idx = old_off + r2.to(tl.int64) * old_row + P + c2.to(tl.int64)
+            idx = tl.minimum(tl.maximum(idx, 0), tree_numel - 1)  # padded graph rows: any bits
+            tree = (tl.load(tree_ptr + idx, mask=m2, other=0) != 0).to(tl.int32)
+        depth = tl.sum(tree, axis=1) - 1
+        d_i = tl.sum(tl.where(jj == i, depth, 0), axis=0)
+        tree_i = tl.sum(tl.where(r2 == i, tree, 0), axis=0)
+        row_base = new_off + i * new_row
+        # Draft columns: the tree bit, and depth d_j >= d_i - window.
+        draft_ok = (tree_i != 0) & (depth >= d_i - window) & (jj < N)
+        o = row_base + L + jj
+        tl.store(out_ptr + o, draft_ok.to(tl.uint8), mask=(jj < N) & (o < out_numel))
+        # Prefix columns c: on iff c >= L + d_i - window.
+        lo = L + d_i - window
+        for s0 in range(0, L.to(tl.int32), BLOCK):
+            c = s0 + tl.arange(0, BLOCK).to(tl.int64)
+            oc = row_base + c
+            tl.store(out_ptr + oc, (c >= lo).to(tl.uint8), mask=(c < L) & (oc < out_numel))
+
+    _mask_kernel = _windowed_mask_kernel
+
+
+def windowed_verify_mask_triton(tree_mask, prefix_kept, kv_start, draft_token_num: int, window: int, kept_sum: int):
+    """``windowed_verify_mask`` in one Triton launch (CUDA tensors); same values, same layout."""
+    import torch
+
+    n = int(draft_token_num)
+    bs = prefix_kept.numel()
+    total = n * int(kept_sum) + n * n * bs
+    out = torch.empty(total, dtype=torch.uint8, device=prefix_kept.device)
+    flat = tree_mask.reshape(-1)
+    if flat.dtype == torch.bool:
+        flat = flat.view(torch.uint8)
+    empty = flat.numel() == 0
+    if bs and total:
+        _mask_kernel[(bs, n)](out if empty else flat, flat.numel(), prefix_kept, kv_start, out, total, int(window),
+                              N=n, NB=max(2, triton.next_power_of_2(n)), BS_BLOCK=256, BLOCK=512,
+                              EMPTY=empty)
+    return out.view(torch.bool)
+
+
+_kv_indices_kernel = None
+
+
+def _sglang_kv_indices_kernel():
+    """sglang's ``create_flashinfer_kv_indices_triton`` (keys ``req_to_token[req, start : start + len]``)."""
+    global _kv_indices_kernel
+    if _kv_indices_kernel is None:
+        from sglang.srt.layers.attention.utils import create_flashinfer_kv_indices_triton
+
+        _kv_indices_kernel = create_flashinfer_kv_indices_triton
+    return _kv_indices_kernel
+
+
+def _windowed_args(spec_info, req_pool_indices, paged_kernel_lens, paged_kernel_lens_sum, req_to_token, start, window):
+    """What ``generate_attn_arg_prefill`` returns, for keys ``[start, start + L + q_len)``
+    (contiguous in ``req_to_token``: the prefix tail, then the draft tokens)."""
+    import torch
+
+    n = spec_info.draft_token_num
+    bs = len(req_pool_indices)
+    dev = req_pool_indices.device
+    total = int(paged_kernel_lens_sum) + n * bs
+    qo_indptr = torch.arange(0, (1 + bs) * n, step=n, dtype=torch.int32, device=dev)
+    kv_lens = paged_kernel_lens + n
+    kv_indptr = torch.zeros((bs + 1,), dtype=torch.int32, device=dev)
+    kv_indptr[1:] = torch.cumsum(kv_lens, dim=0)
+    if use_triton(req_pool_indices):
+        kv_indices = torch.empty(total, dtype=torch.int32, device=dev)
+        _sglang_kv_indices_kernel()[(bs,)](req_to_token, req_pool_indices, kv_lens, kv_indptr, start, kv_indices,
+                                           req_to_token.shape[1])
+        mask = windowed_verify_mask_triton(spec_info.custom_mask, paged_kernel_lens, start, n, window,
+                                           int(paged_kernel_lens_sum))
+        return kv_indices, kv_indptr, qo_indptr, mask
+    req = torch.repeat_interleave(torch.arange(bs, device=dev), kv_lens, output_size=total)
+    pos = start.to(torch.int64)[req] + torch.arange(total, device=dev) - kv_indptr[req].to(torch.int64)
+    kv_indices = req_to_token[req_pool_indices.to(torch.int64)[req], pos].to(torch.int32)
+    mask = windowed_verify_mask(spec_info.custom_mask, paged_kernel_lens, start, n, window, int(paged_kernel_lens_sum))
+    return kv_indices, kv_indptr, qo_indptr, mask
+
+
+class _ReadFromStart:
+    """A ``KVIndexTranslator`` whose ``pack_read_stream`` reads each request's row from
+    the sliding-window start: what the translator form of the builder is given instead
+    of the translator, so sglang's own gather (table path or kernel) stays in charge of
+    id spaces. Everything else is the translator's."""
+
+    __slots__ = ("_translator", "_start")
+
+    def __init__(self, translator, start):
+        self._translator, self._start = translator, start
+
+    def pack_read_stream(self, plan, **kwargs):
+        kwargs["kv_start_idx"] = self._start
+        return self._translator.pack_read_stream(plan, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._translator, name)
+
+
+def _generate_attn_arg_prefill(original, self, *args, **kwargs):
+    active = getattr(_active, "window", None)
+    if active is None:
+        return original(self, *args, **kwargs)
+    _active.window = None  # one builder call per plan
+    p = _params(original)
+    full = (self,) + args
+    if p.has("req_to_token"):  # classic form: the builder gathers from req_to_token itself
+        return _windowed_args(self, p.get("req_pool_indices", full, kwargs), p.get("paged_kernel_lens", full, kwargs),
+                              p.get("paged_kernel_lens_sum", full, kwargs), p.get("req_to_token", full, kwargs), *active)
+    # KV-index-translator form (0.5.22+): sglang's builder, its gather started at the window
+    b = _bound(original, full, kwargs)
+    a = b.arguments
+    start, window = active
+    a["translator"] = _ReadFromStart(a["translator"], start)
+    kv_indices, kv_indptr, qo_indptr, _ = original(*b.args, **b.kwargs)
+    build = windowed_verify_mask_triton if use_triton(start) else windowed_verify_mask
+    mask = build(self.custom_mask, a["paged_kernel_lens"], start, self.draft_token_num, window,
+                 int(a["paged_kernel_lens_sum"]))
+    return kv_indices, kv_indptr, qo_indptr, mask
+
+
+# ---------------------------------------------------------------------------- detection
+
+
+def classify(updater_cls: type, verify_cls: type) -> "tuple[str, Detection]":
+    """(form, verdict) of the installed code: crash / wrong-keys / fixed / ""."""
+    builder = own_function(verify_cls, "generate_attn_arg_prefill")
+    begin = own_function(updater_cls, "call_begin_forward")
+    window = own_function(updater_cls, "update_sliding_window")
+    if builder is None or begin is None or window is None:
+        return "", Detection.unknown("flashinfer's verify planning has an unrecognised shape")
+    params = inspect.signature(builder).parameters
+    begin_src = compact(normalized_source(begin))
+    calls = [begin_src[m.start():m.start() + 400].split(")", 1)[0] for m in _BUILDER_CALL.finditer(begin_src)]
+    if "kv_start_idx" in params and calls and all("kv_start_idx" in c for c in calls):
+        return FIXED_FORM, Detection.not_needed("EAGLE verify gets the sliding-window start (fixed form)")
+    window_src = compact(normalized_source(window))
+    if _NONE_BRANCH in window_src:
+        form, why = WRONG_KEYS_FORM, "EAGLE verify on sliding-window layers gathers keys from position 0 with a full-prefix mask"
+    elif _SUBTRACTS_PREFIX in window_src:
+        form, why = CRASH_FORM, "the window code subtracts verify's None prefix_lens (TypeError)"
+    else:
+        return "", Detection.unknown("update_sliding_window has an unrecognised shape")
+    shape = builder_form(params)
+    if not shape:
+        return form, Detection.unknown(f"{why}; the EAGLE verify builder has an unrecognised signature")
+    return form, Detection.needed(f"{why} ({shape} builder)")
+
+
+def builder_form(params) -> str:
+    """How ``EagleVerifyInput.generate_attn_arg_prefill`` gathers keys: from ``req_to_token``
+    (classic) or through a ``KVIndexTranslator`` (``translator``/``plan``/``kind``)."""
+    if "req_to_token" in params:
+        return CLASSIC_BUILDER
+    if {"translator", "plan", "kind"} <= set(params):
+        return TRANSLATOR_BUILDER
+    return ""
+
+
+class FlashinferSwaVerifyFix(Fix):
+    name = "flashinfer_swa_verify"
+    summary = "flashinfer EAGLE verify on sliding-window layers: retained keys and a per-row windowed tree mask"
+    upstream_prs = ("#39287", "#39160", "issue #22679")
+    targets = (UPDATE_SW, BEGIN, VERIFY_ARGS)
+    target_params = {
+        UPDATE_SW: ("self", "req_pool_indices", "seq_lens", "seq_lens_cpu", "seq_lens_sum", "prefix_lens"),
+        BEGIN: ("self", "wrapper_ragged", "wrapper_paged", "req_pool_indices", "paged_kernel_lens",
+                "paged_kernel_lens_sum", "seq_lens", "prefix_lens", "kv_start_idx", "kv_indptr"),
+        VERIFY_ARGS: ("self", "req_pool_indices", "paged_kernel_lens", "paged_kernel_lens_sum"),
+    }
+
+    def detect(self) -> Detection:
+        if optional_module(MODULE) is None or _verify_input_class() is None:
+            return Detection.not_applicable("this sglang has no flashinfer backend or EAGLE verify input")
+        return classify(target_class(UPDATER), target_class(VERIFY_INPUT))[1]
+
+    def install(self, hooks) -> None:
+        hooks.around(UPDATE_SW, _update_sliding_window)
+        hooks.around(BEGIN, _call_begin_forward)
+        hooks.around(VERIFY_ARGS, _generate_attn_arg_prefill)
+
+
+FIX = FlashinferSwaVerifyFix()
+
+
+@hookimpl
+def sglang_swa_plugin_fixes():
+    return [FIX]

@@ -63,6 +63,7 @@ Affected versions
     keys and mask; the builder takes ``req_to_token`` through 0.5.21 and a KV-index
     translator from 0.5.22 (0.5.20 and 0.5.21 already translate in ``call_begin_forward``
     but still hand EAGLE ``req_to_token``). Both forms are patched.
+    Status by release: applied 0.5.10+.
 
 Detection
     Structure of the installed code: fixed when ``EagleVerifyInput.generate_attn_arg_prefill``
@@ -441,7 +442,7 @@ def _generate_attn_arg_prefill(original, self, *args, **kwargs):
 # ---------------------------------------------------------------------------- detection
 
 
-def classify(updater_cls: type, verify_cls: type) -> "tuple[str, Detection]":
+def form(updater_cls: type, verify_cls: type) -> "tuple[str, Detection]":
     """(form, verdict) of the installed code: crash / wrong-keys / fixed / ""."""
     builder = own_function(verify_cls, "generate_attn_arg_prefill")
     begin = own_function(updater_cls, "call_begin_forward")
@@ -466,6 +467,12 @@ def classify(updater_cls: type, verify_cls: type) -> "tuple[str, Detection]":
     return form, Detection.needed(f"{why} ({shape} builder)")
 
 
+def classify() -> Detection:
+    if optional_module(MODULE) is None or _verify_input_class() is None:
+        return Detection.not_applicable("this sglang has no flashinfer backend or EAGLE verify input")
+    return form(target_class(UPDATER), target_class(VERIFY_INPUT))[1]
+
+
 def builder_form(params) -> str:
     """How ``EagleVerifyInput.generate_attn_arg_prefill`` gathers keys: from ``req_to_token``
     (classic) or through a ``KVIndexTranslator`` (``translator``/``plan``/``kind``)."""
@@ -488,10 +495,10 @@ class FlashinferSwaVerifyFix(Fix):
         VERIFY_ARGS: ("self", "req_pool_indices", "paged_kernel_lens", "paged_kernel_lens_sum"),
     }
 
+    check_module = "sglang_swa_plugin.check.flashinfer_swa_verify"
+
     def detect(self) -> Detection:
-        if optional_module(MODULE) is None or _verify_input_class() is None:
-            return Detection.not_applicable("this sglang has no flashinfer backend or EAGLE verify input")
-        return classify(target_class(UPDATER), target_class(VERIFY_INPUT))[1]
+        return classify()
 
     def install(self, hooks) -> None:
         hooks.around(UPDATE_SW, _update_sliding_window)

@@ -1,13 +1,13 @@
 """flashinfer_swa_verify on the installed sglang: detection form, and the kv indices and
 masks a real FlashInferAttnBackend hands the kernel for an EAGLE verify batch past the
-window (tests/fi_verify_scenario.py), stock vs fixed."""
+window (sglang_swa_plugin/check/flashinfer_swa_verify.py), stock vs fixed."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-import fi_verify_scenario as sc
+from sglang_swa_plugin.check import flashinfer_swa_verify as sc
 from helpers import sglang_release
 
 from sglang_swa_plugin.fix import Verdict
@@ -16,7 +16,7 @@ from sglang_swa_plugin.probe import target_class
 
 
 def _form():
-    return m.classify(target_class(m.UPDATER), target_class(m.VERIFY_INPUT))
+    return m.form(target_class(m.UPDATER), target_class(m.VERIFY_INPUT))
 
 
 def _builder():

@@ -42,7 +42,7 @@ def _needs_gpu():
 
 
 def draft_shape(topk):
-    import fi_verify_scenario as sc
+    from sglang_swa_plugin.check import flashinfer_swa_verify as sc
 
     n = 4 if topk == 1 else 6
     parents = sc.tree_parents(topk, n)
@@ -52,7 +52,7 @@ def draft_shape(topk):
 
 def tree_mask(prefix_lens, topk):
     """sglang's full-prefix verify mask (q_len x (prefix + q_len) per request, flattened)."""
-    import fi_verify_scenario as sc
+    from sglang_swa_plugin.check import flashinfer_swa_verify as sc
 
     n, parents, _ = draft_shape(topk)
     parts = []
@@ -121,7 +121,7 @@ def spec_input(prefix_lens, topk):
 
 
 def reference(tb, pool, rtt, layer, q, rows, prefix_lens, topk):
-    import fi_verify_scenario as sc
+    from sglang_swa_plugin.check import flashinfer_swa_verify as sc
 
     n, parents, depth = draft_shape(topk)
     k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)

@@ -1,4 +1,4 @@
-"""CPU scenario for flashinfer_swa_verify: a real FlashInferAttnBackend (two wrappers) over a
+"""CPU scenario of ``flashinfer_swa_verify``: a real FlashInferAttnBackend (two wrappers) over a
 real SWAKVPool whose full and SWA index spaces differ, a real EAGLE verify batch (chain or
 tree mask) with prefixes longer and shorter than the window, forward metadata built by
 sglang, the wrappers' plan calls recorded. For every request and draft row it compares the
@@ -11,7 +11,7 @@ sglang's Triton gather ``create_flashinfer_kv_indices_triton`` cannot run on a C
 even under ``TRITON_INTERPRET=1``: the interpreter rejects its loop bound), so on CPU the
 scenario swaps in :class:`KvIndicesTwin`, a torch twin of that kernel's contract (rows of
 ``req_to_token`` from ``kv_start_idx`` or 0, ``page_kernel_lens`` long, packed at
-``kv_indptr``). On a GPU the real kernel runs. ``python tests/fi_verify_scenario.py``
+``kv_indptr``). On a GPU the real kernel runs. ``python -m sglang_swa_plugin.check.flashinfer_swa_verify``
 prints one JSON line.
 """
 
@@ -21,6 +21,8 @@ import dataclasses
 import importlib
 import json
 import sys
+
+from . import Outcome
 
 WINDOW = 7  # sglang's sliding_window_size (= sliding_window - 1 = flashinfer's window_left)
 PREFIXES = (20, 5, 13, 8)  # longer than, shorter than, longer than and just past the window
@@ -100,7 +102,7 @@ def ancestors(parents, i):
 def build(topk: int, page_size: int = 1):
     import torch
 
-    from sglang_swa_plugin import testbed as tb
+    from . import testbed as tb
 
     fi = importlib.import_module("sglang.srt.layers.attention.flashinfer_backend")
     from sglang.srt.speculative.eagle_info import EagleVerifyInput
@@ -156,7 +158,7 @@ def build(topk: int, page_size: int = 1):
 def seen_and_wanted(s):
     """Per wrapper (0 sliding, 1 full): per request and row, (slots the kernel sees, slots
     windowed causal attention needs)."""
-    from sglang_swa_plugin import testbed as tb
+    from . import testbed as tb
 
     out = {}
     for wid, plan in s["plans"].items():
@@ -198,6 +200,19 @@ def run(topk: int, fix_on: bool, page_size: int = 1) -> dict:
     got = seen_and_wanted(s)
     bad = {name: [(b, i) for b, i, seen, want in got[wid] if seen != want] for wid, name in ((0, "sliding"), (1, "full"))}
     return dict(bad, rows=len(got[0]))
+
+
+def scenario() -> Outcome:
+    """a real FlashInferAttnBackend (two wrappers) over a real SWAKVPool whose index spaces
+    differ, an EAGLE tree-verify batch (topk 2) with prefixes past the window: does every
+    sliding-window row attend to exactly its window and tree ancestors. ``seen``: the rows
+    that do not, or the start-up error."""
+    got = run(2, fix_on=False)  # ``check`` installs the fix around this call
+    return Outcome(bool(got.get("error") or got.get("sliding") or got.get("full")), got)
+
+
+def reproduce() -> bool:
+    return scenario().bug
 
 
 if __name__ == "__main__":

@@ -62,12 +62,12 @@ from __future__ import annotations
 
 import ast
 import inspect
-from typing import Any, Callable, List, Sequence
+from typing import Any, Callable, List, Sequence, Tuple
 
 from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, hookimpl
 from sglang_swa_plugin.probe import callee, function_text, optional_module, own_function, swapped
-from sglang_swa_plugin.trtllm_mha import (FORWARD_EXTEND as TARGET, FORWARD_EXTEND_PARAMS, MODULE, V2_TEST,
-                                          backend_class, routes_v2_to_decode, syntax, v2_branches)
+from sglang_swa_plugin.trtllm_mha import (FORWARD_EXTEND as TARGET, FORWARD_EXTEND_PARAMS, MODULE, V2_TEST, Reading,
+                                          backend_class, reading, routes_v2_to_decode, syntax, v2_branches)
 
 
 # ---------------------------------------------------------------------------- the fix
@@ -93,17 +93,16 @@ def _v2_to_context_kernel(original: Callable, self: Any, *args: Any, **kwargs: A
 # ---------------------------------------------------------------------------- detection
 
 
-def _ragged(body: Sequence[ast.AST]) -> bool:
+def _ragged(r: Reading, body: Sequence[ast.AST]) -> bool:
     """The branch builds query offsets from the accepted lengths: a cumsum over
     ``num_accept_tokens`` (directly or through a local assigned from it)."""
-    def mentions_accept(node: ast.AST, names: frozenset) -> bool:
-        return any((isinstance(n, ast.Attribute) and n.attr == "num_accept_tokens")
-                   or (isinstance(n, ast.Name) and n.id in names) for n in ast.walk(node))
-
+    if not any(r.has(stmt, "call", "cumsum") for stmt in body):
+        return False
     nodes = [n for stmt in body for n in ast.walk(stmt)]
-    accept = frozenset(t.id for n in nodes if isinstance(n, ast.Assign) and mentions_accept(n.value, frozenset())
+    accept = frozenset(t.id for n in nodes if isinstance(n, ast.Assign) and r.has(n.value, "attr", "num_accept_tokens")
                        for t in n.targets if isinstance(t, ast.Name))
-    return any(isinstance(n, ast.Call) and callee(n) == "cumsum" and mentions_accept(n, accept) for n in nodes)
+    return any(isinstance(n, ast.Call) and callee(n) == "cumsum"
+               and (r.has(n, "attr", "num_accept_tokens") or r.has(n, "name", *accept)) for n in nodes)
 
 
 def uniform_v2_metadata(cls: type) -> bool:
@@ -111,7 +110,7 @@ def uniform_v2_metadata(cls: type) -> bool:
     flashinfer base class has its own graph path) has a DRAFT_EXTEND_V2 branch, and none of
     them is built from the accepted lengths (#25002)."""
     seen = set()
-    branches: List[Sequence[ast.AST]] = []
+    branches: List[Tuple[Reading, Sequence[ast.AST]]] = []
     for klass in (k for k in cls.__mro__ if k.__module__ == cls.__module__):
         for name, raw in vars(klass).items():
             if "cuda_graph" not in name or name in seen or not inspect.isfunction(getattr(raw, "__func__", raw)):
@@ -119,8 +118,9 @@ def uniform_v2_metadata(cls: type) -> bool:
             seen.add(name)
             if V2_TEST not in function_text(raw):  # no V2 branch possible: skip the parse
                 continue
-            branches += list(v2_branches(syntax(raw)))
-    return bool(branches) and not any(_ragged(body) for body in branches)
+            tree = syntax(raw)
+            branches += [(reading(tree), body) for body in v2_branches(tree)]
+    return bool(branches) and not any(_ragged(r, body) for r, body in branches)
 
 
 def classify() -> Detection:

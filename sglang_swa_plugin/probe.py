@@ -78,16 +78,28 @@ def function_source(fn: Any) -> str:
     return function_tree(fn)[1]
 
 
-def _span_text(fn: Any) -> str:
-    """The lines of ``fn``'s file that its code objects span (decorators included)."""
+@functools.lru_cache(maxsize=64)
+def _span(fn: Any) -> "tuple[Optional[str], Optional[Exception]]":
     import linecache
 
     code = getattr(fn, "__code__", None)
     if code is None or not hasattr(code, "co_positions"):
-        raise ValueError("no code positions")
-    lines = linecache.getlines(code.co_filename)
-    end = max(e or 0 for c in _code_objects(code) for _, e, _, _ in c.co_positions())
-    return textwrap.dedent("".join(lines[code.co_firstlineno - 1:end]))
+        return None, ValueError("no code positions")
+    try:
+        lines = linecache.getlines(code.co_filename)
+        end = max(e or 0 for c in _code_objects(code) for _, e, _, _ in c.co_positions())
+        return textwrap.dedent("".join(lines[code.co_firstlineno - 1:end])), None
+    except (ValueError, TypeError) as e:
+        return None, e
+
+
+def _span_text(fn: Any) -> str:
+    """The lines of ``fn``'s file that its code objects span (decorators included), cut
+    once per function (shared by ``function_text`` and ``function_tree``)."""
+    src, err = _span(fn)
+    if err is not None:
+        raise err
+    return src
 
 
 def function_text(fn: Any) -> str:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import ast
 import functools
-from typing import Any, Iterator, List, Optional
+from typing import Any, Iterable, Iterator, List, Optional
 
 from .fix import TargetMissing
-from .probe import calls, callee, function_tree, nodes, own_function, target_class
+from .probe import callee, function_tree, own_function, target_class
 
 MODULE = "sglang.srt.layers.attention.trtllm_mha_backend"
 CLASS = MODULE + ".TRTLLMHAAttnBackend"
@@ -28,6 +28,80 @@ def syntax(fn: Any) -> ast.FunctionDef:
     """Syntax tree of a function or method (decorators and wrappers looked through), parsed
     once per function."""
     return function_tree(fn)[0]
+
+
+_SKIPPED_FIELDS = frozenset({"ctx", "op"})  # shared singleton nodes (Load, Not...): nothing to find there
+
+
+class Reading:
+    """One walk of a syntax tree, done once per tree: its nodes in ``ast.walk`` order (less
+    the ``ctx``/``op`` singletons) and, for every node, the called names (``f()``/``x.f()``),
+    attribute names and variable names its subtree holds, both in all of it and outside any
+    ``not``. Every question the trtllm_mha fixes ask of ``forward_extend`` and of the
+    CUDA-graph metadata methods is answered from these, without walking again."""
+
+    def __init__(self, tree: ast.AST) -> None:
+        order, parents = [tree], [-1]
+        i = 0
+        while i < len(order):
+            node = order[i]
+            for field in node._fields:
+                if field in _SKIPPED_FIELDS:
+                    continue
+                value = getattr(node, field, None)
+                if isinstance(value, list):
+                    for item in value:
+                        if isinstance(item, ast.AST):
+                            order.append(item)
+                            parents.append(i)
+                elif isinstance(value, ast.AST):
+                    order.append(value)
+                    parents.append(i)
+            i += 1
+        bits: dict = {}
+        every, plain = [0] * len(order), [0] * len(order)
+        call, attr, name, unary = ast.Call, ast.Attribute, ast.Name, ast.UnaryOp
+        for i in range(len(order) - 1, -1, -1):
+            node = order[i]
+            kind = type(node)
+            key = None
+            if kind is call:
+                key = ("call", callee(node))
+            elif kind is attr:
+                key = ("attr", node.attr)
+            elif kind is name:
+                key = ("name", node.id)
+            own = bits.setdefault(key, 1 << len(bits)) if key is not None else 0
+            every[i] |= own
+            plain[i] = 0 if kind is unary and isinstance(node.op, ast.Not) else plain[i] | own
+            j = parents[i]
+            if j >= 0:
+                every[j] |= every[i]
+                plain[j] |= plain[i]
+        self.nodes: List[ast.AST] = order
+        self._bits = bits
+        self._index = {id(n): i for i, n in enumerate(order)}
+        self._every, self._plain = every, plain
+
+    def _mask(self, kind: str, names: Iterable[str]) -> int:
+        m = 0
+        for n in names:
+            m |= self._bits.get((kind, n), 0)
+        return m
+
+    def has(self, node: ast.AST, kind: str, *names: str) -> bool:
+        """``node``'s subtree holds a call (``kind`` "call"), attribute ("attr") or variable
+        ("name") of one of ``names``."""
+        return bool(self._every[self._index[id(node)]] & self._mask(kind, names))
+
+    def tests_v2(self, expr: ast.AST, flags: frozenset = frozenset()) -> bool:
+        """``tests_v2(expr, flags)`` for a node of this tree."""
+        return bool(self._plain[self._index[id(expr)]] & (self._mask("call", (V2_TEST,)) | self._mask("name", flags)))
+
+
+@functools.lru_cache(maxsize=64)
+def reading(tree: ast.AST) -> Reading:
+    return Reading(tree)
 
 
 def forward_extend_tree(cls: type) -> ast.FunctionDef:
@@ -53,22 +127,25 @@ def tests_v2(expr: ast.AST, flags: frozenset = frozenset()) -> bool:
 def v2_flags(tree: ast.AST) -> frozenset:
     """Local names assigned from a DRAFT_EXTEND_V2 test (``is_decode_mode``,
     ``uses_decode_kernel``...)."""
-    return frozenset(t.id for n in nodes(tree) if isinstance(n, ast.Assign) and tests_v2(n.value)
+    r = reading(tree)
+    return frozenset(t.id for n in r.nodes if isinstance(n, ast.Assign) and r.tests_v2(n.value)
                      for t in n.targets if isinstance(t, ast.Name))
 
 
 def v2_branches(tree: ast.AST, flags: frozenset = frozenset()) -> Iterator[List[ast.AST]]:
     """Bodies of the ``if``s (and conditional expressions) taken for DRAFT_EXTEND_V2."""
-    for node in nodes(tree):
-        if isinstance(node, (ast.If, ast.IfExp)) and tests_v2(node.test, flags):
+    r = reading(tree)
+    for node in r.nodes:
+        if isinstance(node, (ast.If, ast.IfExp)) and r.tests_v2(node.test, flags):
             yield node.body if isinstance(node.body, list) else [node.body]
 
 
 @functools.lru_cache(maxsize=64)
 def _routes(tree: ast.AST) -> Optional[bool]:
-    if not any(isinstance(n, ast.Call) and callee(n) in DECODE_KERNELS for n in nodes(tree)):
+    r = reading(tree)
+    if not r.has(tree, "call", *DECODE_KERNELS):
         return None
-    return any(calls(stmt, DECODE_KERNELS) for body in v2_branches(tree, v2_flags(tree)) for stmt in body)
+    return any(r.has(stmt, "call", *DECODE_KERNELS) for body in v2_branches(tree, v2_flags(tree)) for stmt in body)
 
 
 def routes_v2_to_decode(forward_extend: Any) -> Optional[bool]:

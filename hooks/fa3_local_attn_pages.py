@@ -48,11 +48,13 @@ from __future__ import annotations
 import inspect
 from types import SimpleNamespace
 
+from sglang_swa_plugin.patching import without_wrappers_of
 from sglang_swa_plugin.fix import Detection, Fix, hookimpl
 from sglang_swa_plugin.probe import optional_module, swa_pool_class, target_class
 
 MODULE = "sglang.srt.layers.attention.flashattention_backend"
 BUILDER_MODULE = "sglang.srt.layers.attention.local_attention"  # 0.5.22+
+NAME = "fa3_local_attn_pages"
 CLASS = MODULE + ".FlashAttentionBackend"
 EAGER = CLASS + "._maybe_init_local_attn_metadata"
 CAPTURE = CLASS + "._maybe_update_local_attn_metadata_for_capture"
@@ -189,7 +191,7 @@ def _graph_buffers():
             "local_block_table": torch.zeros(8, _CHUNK // _PS, dtype=torch.int32)}
 
 
-def probe(cls: type) -> dict:
+def probe(cls: type, peel: bool = True) -> dict:
     """Per half ("eager", "graph"): True where the block table the installed code builds
     starts each chunk on the request's SWA page (eager: chunks at pages 1 and 3 of a
     48-token prefill; graph: the decode token's chunk at page 3)."""
@@ -214,11 +216,16 @@ def probe(cls: type) -> dict:
                              use_sliding_window_kv_pool=True, token_to_kv_pool=pool,
                              decode_cuda_graph_local_attn_metadata=bufs,
                              decode_cuda_graph_metadata={"cu_seqlens_q": torch.arange(9, dtype=torch.int32)})
+        # ``peel``: the installed code under our own hooks (detection judges sglang's code,
+        # also where the hooks are in already); else the methods as they run (``check``).
+        init, replay = (getattr(cls, t.rsplit(".", 1)[1]) for t in (EAGER, REPLAY))
+        if peel:
+            init, replay = without_wrappers_of(init, NAME), without_wrappers_of(replay, NAME)
         md = metadata(inp.tokens, q=inp.n)
-        cls._maybe_init_local_attn_metadata(self, None, md, "cpu")
+        init(self, None, md, "cpu")
         eager = md.local_attn_metadata.local_block_table[:, 0].tolist()
         md = metadata(inp.pages, inp.swa_pages)
-        cls._maybe_update_local_attn_metadata_for_replay(self, md, 1)
+        replay(self, md, 1)
     elif builder_cls is not None:
         builder = builder_cls(attention_chunk_size=_CHUNK, page_size=_PS, max_context_len=4096, device="cpu",
                               swa_translate=pool.translate_loc_from_full_to_swa)
@@ -254,7 +261,7 @@ def classify() -> Detection:
 
 
 class Fa3LocalAttnPagesFix(Fix):
-    name = "fa3_local_attn_pages"
+    name = NAME
     summary = "FA3 chunked (Llama 4 local) attention reads page ids of its own pool with page size > 1"
     upstream_prs = ("#32902", "#37733", "#38187")
     targets = (EAGER, CAPTURE, REPLAY)

@@ -4,11 +4,13 @@ window (sglang_swa_plugin/check/flashinfer_swa_verify.py), stock vs fixed."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 from sglang_swa_plugin.check import flashinfer_swa_verify as sc
-from helpers import sglang_release
+from helpers import sglang_release, without_fix
 
 from sglang_swa_plugin.fix import Verdict
 from sglang_swa_plugin.hooks import flashinfer_swa_verify as m
@@ -41,12 +43,22 @@ def _needed():
         pytest.skip("the fix is not installed on this sglang (see test_detection_form_per_release)")
 
 
+@contextlib.contextmanager
+def stock():
+    """The release's own three functions (the 0.5.10 start-up hook may have fixed them)."""
+    with without_fix(target_class(m.UPDATER), "update_sliding_window", m.FIX.name), \
+            without_fix(target_class(m.UPDATER), "call_begin_forward", m.FIX.name), \
+            without_fix(target_class(m.VERIFY_INPUT), "generate_attn_arg_prefill", m.FIX.name):
+        yield
+
+
 @pytest.mark.parametrize("topk", [1, 2])
 def test_stock_verify_is_not_windowed_attention(topk):
     """Without the fix the sliding wrapper gets a TypeError (0.5.10-0.5.13) or keys and mask
     bits that are not the row's window (0.5.14+); the full wrapper is right either way."""
     _needed()
-    got = sc.run(topk, fix_on=False)
+    with stock():
+        got = sc.run(topk, fix_on=False)
     if _form()[0] == m.CRASH_FORM:
         assert got["error"].startswith("TypeError")
     else:

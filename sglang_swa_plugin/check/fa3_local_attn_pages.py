@@ -16,7 +16,7 @@ def scenario() -> Outcome:
     ``LocalAttentionMetadataBuilder`` is run instead. ``seen``: per half, whether it is right."""
     if optional_module(MODULE) is None:
         raise ScenarioUnavailable(f"no FA3 backend: {MODULE}")
-    seen = probe(target_class(CLASS))
+    seen = probe(target_class(CLASS), peel=False)
     return Outcome(not all(seen.values()), seen)
 
 

@@ -263,6 +263,8 @@ def test_without_the_fix_the_chunked_layers_read_other_tokens(half):
     """What the fix is for: sglang alone, where it needs the fix."""
     if _fixed_upstream(half):
         pytest.skip(f"this sglang builds the {half} block table right")
+    if half == "graph" and not hasattr(BACKEND, "init_forward_metadata_capture_cuda_graph"):
+        pytest.skip("CUDA-graph metadata API of 0.5.13+ (the detection probe covers this half there)")
     bench = make_bench()
     with sglang_alone():
         try:

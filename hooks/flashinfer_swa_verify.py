@@ -126,16 +126,6 @@ def is_eagle_verify(spec_info: Any) -> bool:
             and getattr(spec_info, "custom_mask", None) is not None)
 
 
-def _bound(fn, args, kwargs) -> inspect.BoundArguments:
-    sig = _SIGS.get(fn)
-    if sig is None:
-        sig = _SIGS[fn] = inspect.signature(fn)
-    return sig.bind(*args, **kwargs)
-
-
-_SIGS: dict = {}
-
-
 class _Params:
     """Where each parameter of a hooked function sits (positional index counting ``self``,
     default), resolved once per function: the hot path reads args/kwargs directly."""
@@ -144,8 +134,9 @@ class _Params:
 
     def __init__(self, fn):
         self.pos, self.default = {}, {}
-        self.names = frozenset(inspect.signature(fn).parameters)
-        for i, p in enumerate(inspect.signature(fn).parameters.values()):
+        params = inspect.signature(fn).parameters
+        self.names = frozenset(params)
+        for i, p in enumerate(params.values()):
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
                 self.pos[p.name] = i
             if p.default is not p.empty:
@@ -388,14 +379,17 @@ def _windowed_args(spec_info, req_pool_indices, paged_kernel_lens, paged_kernel_
         kv_indices = torch.empty(total, dtype=torch.int32, device=dev)
         _sglang_kv_indices_kernel()[(bs,)](req_to_token, req_pool_indices, kv_lens, kv_indptr, start, kv_indices,
                                            req_to_token.shape[1])
-        mask = windowed_verify_mask_triton(spec_info.custom_mask, paged_kernel_lens, start, n, window,
-                                           int(paged_kernel_lens_sum))
-        return kv_indices, kv_indptr, qo_indptr, mask
-    req = torch.repeat_interleave(torch.arange(bs, device=dev), kv_lens, output_size=total)
-    pos = start.to(torch.int64)[req] + torch.arange(total, device=dev) - kv_indptr[req].to(torch.int64)
-    kv_indices = req_to_token[req_pool_indices.to(torch.int64)[req], pos].to(torch.int32)
-    mask = windowed_verify_mask(spec_info.custom_mask, paged_kernel_lens, start, n, window, int(paged_kernel_lens_sum))
-    return kv_indices, kv_indptr, qo_indptr, mask
+    else:
+        req = torch.repeat_interleave(torch.arange(bs, device=dev), kv_lens, output_size=total)
+        pos = start.to(torch.int64)[req] + torch.arange(total, device=dev) - kv_indptr[req].to(torch.int64)
+        kv_indices = req_to_token[req_pool_indices.to(torch.int64)[req], pos].to(torch.int32)
+    return kv_indices, kv_indptr, qo_indptr, _mask(spec_info, paged_kernel_lens, paged_kernel_lens_sum, start, window)
+
+
+def _mask(spec_info, prefix_kept, kept_sum, start, window):
+    """The re-laid verify mask: one Triton launch on CUDA, torch ops elsewhere."""
+    build = windowed_verify_mask_triton if use_triton(start) else windowed_verify_mask
+    return build(spec_info.custom_mask, prefix_kept, start, spec_info.draft_token_num, window, int(kept_sum))
 
 
 class _ReadFromStart:
@@ -428,15 +422,11 @@ def _generate_attn_arg_prefill(original, self, *args, **kwargs):
         return _windowed_args(self, p.get("req_pool_indices", full, kwargs), p.get("paged_kernel_lens", full, kwargs),
                               p.get("paged_kernel_lens_sum", full, kwargs), p.get("req_to_token", full, kwargs), *active)
     # KV-index-translator form (0.5.22+): sglang's builder, its gather started at the window
-    b = _bound(original, full, kwargs)
-    a = b.arguments
     start, window = active
-    a["translator"] = _ReadFromStart(a["translator"], start)
-    kv_indices, kv_indptr, qo_indptr, _ = original(*b.args, **b.kwargs)
-    build = windowed_verify_mask_triton if use_triton(start) else windowed_verify_mask
-    mask = build(self.custom_mask, a["paged_kernel_lens"], start, self.draft_token_num, window,
-                 int(a["paged_kernel_lens_sum"]))
-    return kv_indices, kv_indptr, qo_indptr, mask
+    translator = _ReadFromStart(p.get("translator", full, kwargs), start)
+    kv_indices, kv_indptr, qo_indptr, _ = p.call_with(original, full, kwargs, "translator", translator)
+    return kv_indices, kv_indptr, qo_indptr, _mask(self, p.get("paged_kernel_lens", full, kwargs),
+                                                   p.get("paged_kernel_lens_sum", full, kwargs), start, window)
 
 
 # ---------------------------------------------------------------------------- detection

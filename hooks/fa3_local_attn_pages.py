@@ -135,13 +135,13 @@ def _replay_with_page_ids(original, self, metadata, bs, *args, **kwargs):
     import torch
     bufs = self.decode_cuda_graph_local_attn_metadata
     q_buf, k_buf, block_buf = bufs["local_query_start_loc"], bufs["local_seqused_k"], bufs["local_block_table"]
-    lens = metadata.cache_seqlens_int32[:bs]
-    max_len = int(lens.max().item())
+    lens = metadata.cache_seqlens_int32[:bs].cpu().numpy()  # one device-to-host copy, as sglang's own replay
+    max_len = int(lens.max())
     # The graph metadata holds page ids already; swa_page_table is that table in the SWA pool.
     table = metadata.swa_page_table if self.use_sliding_window_kv_pool else metadata.page_table
     table = table[:bs, : (max_len + self.page_size - 1) // self.page_size]
     cu_q = torch.arange(bs + 1, dtype=torch.int32).numpy()  # decode: one query token each
-    q, cu_local, k, blocks = local_batches(self.attention_chunk_size, cu_q, lens.cpu().numpy(), table, self.page_size)
+    q, cu_local, k, blocks = local_batches(self.attention_chunk_size, cu_q, lens, table, self.page_size)
     device = q_buf.device
     cu_local, k_local, blocks = torch.from_numpy(cu_local).to(device), torch.from_numpy(k).to(device), blocks.to(device)
     nq, nk, (b0, b1) = cu_local.shape[0], k_local.shape[0], blocks.shape

@@ -45,22 +45,18 @@ Delete when
 
 from __future__ import annotations
 
-import inspect
 from types import SimpleNamespace
 
 from sglang_swa_plugin.patching import without_wrappers_of
 from sglang_swa_plugin.fix import Detection, Fix, hookimpl
+from sglang_swa_plugin.fa3_local import BUILDER_MODULE, FA3_MODULE as MODULE, local_batches, local_metadata_class
 from sglang_swa_plugin.probe import optional_module, swa_pool_class, target_class
 
-MODULE = "sglang.srt.layers.attention.flashattention_backend"
-BUILDER_MODULE = "sglang.srt.layers.attention.local_attention"  # 0.5.22+
 NAME = "fa3_local_attn_pages"
 CLASS = MODULE + ".FlashAttentionBackend"
 EAGER = CLASS + "._maybe_init_local_attn_metadata"
 CAPTURE = CLASS + "._maybe_update_local_attn_metadata_for_capture"
 REPLAY = CLASS + "._maybe_update_local_attn_metadata_for_replay"
-SPLITTER = "make_local_attention_virtual_batches"
-PRESERVE = "preserve_attn_chunk_size"
 
 # The detection probe: page size 16, chunk 32, one request of 48 tokens on full pages
 # 5, 6, 7 whose SWA pages are 1, 2, 3.
@@ -68,32 +64,6 @@ _PS, _CHUNK, _FULL_PAGES, _SWA_PAGES = 16, 32, (5, 6, 7), (1, 2, 3)
 
 
 # ---------------------------------------------------------------------------- the fix
-
-
-def local_batches(chunk: int, cu_seqlens_q_np, seq_lens_np, page_table, page_size: int):
-    """sglang's own splitter with the chunk size kept as configured. Where the splitter
-    has no ``preserve_attn_chunk_size`` it shrinks the chunk to the longest sequence; one
-    extra request of exactly one chunk keeps it whole, and its virtual request is dropped."""
-    import numpy as np
-
-    split = getattr(optional_module(MODULE), SPLITTER)
-    if PRESERVE in inspect.signature(split).parameters:
-        return split(chunk, cu_seqlens_q_np, seq_lens_np, page_table, page_size, **{PRESERVE: True})
-    if int(seq_lens_np.max()) >= chunk:  # the splitter keeps the chunk (a multiple of the page size)
-        return split(chunk, cu_seqlens_q_np, seq_lens_np, page_table, page_size)
-    import torch
-    cu = np.append(cu_seqlens_q_np, cu_seqlens_q_np[-1] + 1).astype(cu_seqlens_q_np.dtype)
-    lens = np.append(seq_lens_np, chunk).astype(seq_lens_np.dtype)
-    table = torch.cat([page_table, page_table.new_zeros(1, page_table.shape[1])])
-    q, cu_q, k, blocks = split(chunk, cu, lens, table, page_size)
-    return q[:-1], cu_q[:-1], k[:-1], blocks[:-1]
-
-
-def _local_metadata_class(metadata):
-    cls = getattr(type(metadata), "LocalAttentionMetadata", None)
-    if cls is None:  # 0.5.22+ keeps it in the builder module
-        cls = getattr(optional_module(BUILDER_MODULE), "LocalAttentionMetadata")
-    return cls
 
 
 def _eager_with_pages(original, self, forward_batch, metadata, device, *args, **kwargs):
@@ -109,7 +79,7 @@ def _eager_with_pages(original, self, forward_batch, metadata, device, *args, **
     table = table[:, :: self.page_size] // self.page_size  # one column per page, page ids
     q, cu_local, k, blocks = local_batches(self.attention_chunk_size, cu_q.cpu().numpy(), lens.cpu().numpy(),
                                            table, self.page_size)
-    metadata.local_attn_metadata = _local_metadata_class(metadata)(
+    metadata.local_attn_metadata = local_metadata_class(metadata)(
         local_query_start_loc=torch.from_numpy(cu_local).to(device),
         local_seqused_k=torch.from_numpy(k).to(device),
         local_block_table=blocks.to(device),

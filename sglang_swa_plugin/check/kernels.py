@@ -101,10 +101,11 @@ CPU_KERNELS = {"build_trtllm_mha_page_table": page_table_on_cpu,
 
 
 @contextlib.contextmanager
-def cpu_kernels() -> Iterator[None]:
-    """The trtllm_mha module's Triton/sgl_kernel entry points (those it binds) replaced by
-    their CPU stand-ins for the block."""
-    mod = sys.modules.get(MODULE) or optional_module(MODULE)
+def cpu_kernels(module: str = MODULE) -> Iterator[None]:
+    """The Triton/sgl_kernel entry points ``module`` binds (default: the trtllm_mha backend's;
+    the FA3 backend binds ``build_trtllm_mha_page_table`` too, 0.5.18+) replaced by their CPU
+    stand-ins for the block."""
+    mod = sys.modules.get(module) or optional_module(module)
     with contextlib.ExitStack() as stack:
         for name, stand_in in CPU_KERNELS.items():
             if hasattr(mod, name):

@@ -262,6 +262,21 @@ _TINY_CONFIGS = {
         rms_norm_eps=1e-5,
         torch_dtype="bfloat16",
     ),
+    # Text-only Llama 4: layers 0-2 chunked ("local", attention_chunk_size 32), layer 3 global.
+    "llama4": dict(
+        architectures=["Llama4ForConditionalGeneration"],
+        model_type="llama4",
+        text_config=dict(
+            model_type="llama4_text", vocab_size=128, hidden_size=32, intermediate_size=64,
+            intermediate_size_mlp=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=8, max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=500000.0,
+            attention_chunk_size=32, interleave_moe_layer_step=0, moe_layers=[], num_local_experts=1,
+            use_qk_norm=False, attn_temperature_tuning=False, torch_dtype="bfloat16"),
+        vision_config=dict(
+            model_type="llama4_vision_model", hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+            intermediate_size=32, vision_output_dim=16, projector_input_dim=16, projector_output_dim=16),
+        torch_dtype="bfloat16",
+    ),
 }
 _CONFIG_DIRS = {}
 

@@ -25,6 +25,9 @@ Scenarios:
   llama4_fa3   issue #19: a tiny Llama 4 (chunked layers in the SWA pool) on FA3, page size 1
                and 16, plain decode and EAGLE3 topk 1 / 2, without and with the plugin,
                against plain decode on one pool (--disable-hybrid-swa-memory).
+  llama4_eagle issue #19 item 2 (fa3_local_attn_verify): the llama4_fa3 target in CUDA-graph
+               EAGLE3 verify, page 1 and 16, topk 1 (and 2, not corrected), without / with the
+               plugin, against plain decode and a graphs-off EAGLE3 control.
   fi_verify    flashinfer + EAGLE verify on sliding-window layers (flashinfer_swa_verify):
                tiny Gemma4 target, topk 1/2 with and without the plugin, against no spec.
   cost         decode throughput for COST_SETTINGS (plugin on / off / on with the guard),
@@ -658,6 +661,60 @@ def scenario_llama4_fa3(out, _target, _draft):
     return res
 
 
+def scenario_llama4_eagle(out, _target, _draft):
+    """Issue #19 item 2 (fa3_local_attn_verify): Llama 4 chunked layers in FA3's CUDA-graph
+    EAGLE3 target verify. Target and requests as llama4_fa3 (make_llama4_pair, chunk 32, 32
+    prompts of 130 tokens, 64 new, 32 at once, greedy; 4 draft tokens cross chunk boundaries).
+    CUDA graphs ON unless a key says "control". Per page size (1, 16):
+      ref           plain decode, --disable-hybrid-swa-memory, plugin on (llama4_fa3's reference)
+      nospec_on     plain decode on the hybrid pool, plugin on (the no-spec row on this pool)
+      e3k1_off/on   EAGLE3 topk 1, without / with the plugin: off is wrong from token 1-2
+                    (0/32 on the last run); on must match the control
+      control       EAGLE3 topk 1 with --disable-cuda-graph (eager topk-1 verify builds the
+                    local metadata itself; 32/32 at page 1 on the last run): page 1 without
+                    the plugin, page 16 with it (the eager page-id half is fa3_local_attn_pages)
+    Page 1 also: e3k1_nohybrid_on (one pool, the chunk half alone) and e3k2_off/on (topk 2:
+    not corrected, the plugin logs a warning; wrong either way). Judged against ref, and
+    e3k1_on directly against control and nospec_on."""
+    root = tempfile.mkdtemp(prefix="swa_llama4_eagle_")
+    target, draft = make_llama4_pair(root)
+    reqs = prompts(32, 130, seed=19)
+    nohy = ["--disable-hybrid-swa-memory"]
+    runs = {}
+    for ps in (1, 16):
+        base = [a for a in BASE]
+        base[base.index("--page-size") + 1] = str(ps)
+        base[base.index("--max-total-tokens") + 1] = "8192"
+        base[base.index("--swa-full-tokens-ratio") + 1] = "0.25"
+        common = base + ["--model-path", target, "--attention-backend", "fa3", "--cuda-graph-max-bs", "32"]
+        e3k1 = eagle3(draft, topk=1)
+        rows = {"ref": (common + nohy, ON), "nospec_on": (common, ON),
+                "e3k1_off": (common + e3k1, OFF), "e3k1_on": (common + e3k1, ON),
+                "control": (eager(common + e3k1), OFF if ps == 1 else ON)}
+        if ps == 1:
+            e3k2 = eagle3(draft, topk=2)
+            rows.update({"e3k1_nohybrid_on": (common + e3k1 + nohy, ON),
+                         "e3k2_off": (common + e3k2, OFF), "e3k2_on": (common + e3k2, ON)})
+        for key, (args, env) in rows.items():
+            runs[f"ps{ps}_{key}"] = (f"llama4e_ps{ps}_{key}", out, args, env, reqs, 64)
+    res = run_many(runs)
+    for ps in (1, 16):
+        mine = {k[len(f"ps{ps}_"):]: v for k, v in res.items() if k.startswith(f"ps{ps}_")}
+        res[f"ps{ps}_judged"] = judged(mine, "ref")
+        for other in ("control", "nospec_on"):
+            cmp = compare(mine["e3k1_on"].get("outputs") or [], mine[other].get("outputs") or [])
+            res[f"ps{ps}_judged"][f"e3k1_on_vs_{other}"] = {**cmp, "bands": first_divergences(cmp)}
+        res[f"ps{ps}_reference_distinct_outputs"] = len({tuple(o) for o in mine["ref"].get("outputs") or [] if o})
+    for key, r in res.items():
+        if isinstance(r, dict) and "name" in r:
+            log = os.path.join(out, r["name"] + ".log")
+            text = open(log, errors="replace").read() if os.path.exists(log) else ""
+            r["illegal_memory_access"] = "illegal memory access" in text
+            r["assert_lines"] = [l[-200:] for l in text.splitlines() if "AssertionError" in l][:3]
+            r["verify_fix_log"] = [l[-200:] for l in text.splitlines() if "fa3_local_attn_verify" in l][:3]
+    return res
+
+
 # Test-side only (put on a server's PYTHONPATH, never installed): sglang 0.5.11's
 # Gemma4ForCausalLM has no get_embed_and_head (nor EAGLE3's set_eagle3_layers_to_capture), so
 # no EAGLE worker starts on it. This adds the one accessor EAGLE needs, as every other EAGLE
@@ -820,7 +877,7 @@ def scenario_cost(out, target, _draft, reps: int = int(os.environ.get("COST_REPS
 SCENARIOS = {"trtllm_eagle_accept": scenario_trtllm_eagle_accept, "xqa_verify": scenario_xqa_verify,
              "fa3_seq": scenario_fa3_seq, "fa3_eagle3": scenario_fa3_eagle3, "fa3_control": scenario_fa3_control,
              "guard_server": scenario_guard_server, "batched_decode": scenario_batched_decode, "cost": scenario_cost,
-             "llama4_fa3": scenario_llama4_fa3, "fi_verify": scenario_fi_verify}
+             "llama4_fa3": scenario_llama4_fa3, "fi_verify": scenario_fi_verify, "llama4_eagle": scenario_llama4_eagle}
 
 
 def _summary(res: dict) -> dict:
@@ -833,9 +890,9 @@ def _summary(res: dict) -> dict:
         elif isinstance(v, dict) and "name" in v:
             summary[k] = {x: v.get(x) for x in ("accept_length", "cuda_graph", "crash", "error", "startup_s", "errors",
                                                 "assertions", "round_tok_per_s", "steps_with_index_spaces_apart",
-                                                "guard_message", "illegal_memory_access", "assert_lines") if v.get(x) not in (None, [], False)}
+                                                "guard_message", "illegal_memory_access", "assert_lines", "verify_fix_log") if v.get(x) not in (None, [], False)}
             summary[k]["plugin_log"] = [l[-110:] for l in v.get("plugin_log", [])
-                                        if "trtllm_xqa" in l or "guard" in l or "fa3_local_attn_pages" in l or "flashinfer" in l][:2]
+                                        if "trtllm_xqa" in l or "guard" in l or "fa3_local_attn" in l or "flashinfer" in l][:2]
         elif isinstance(v, dict):
             summary[k] = _summary(v)
         elif not isinstance(v, list):

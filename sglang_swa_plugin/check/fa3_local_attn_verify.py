@@ -190,7 +190,7 @@ def scenario() -> Outcome:
         bench = make_bench(1)
         view, _ = graph_verify(bench)
     except CUDA_ONLY as e:
-        raise ScenarioUnavailable(f"the verify graph metadata cannot be built on a CPU here: {e}") from e
+        raise ScenarioUnavailable(f"the verify graph metadata of {MODULE} runs a CUDA or Triton kernel here: {e}") from e
     bad = wrong(reads(bench, view))
     return Outcome(bad > 0, {"wrong_queries": bad, "of": len(LENS) * DRAFT})
 

@@ -25,8 +25,11 @@ Scenarios:
   llama4_fa3   issue #19: a tiny Llama 4 (chunked layers in the SWA pool) on FA3, page size 1
                and 16, plain decode and EAGLE3 topk 1 / 2, without and with the plugin,
                against plain decode on one pool (--disable-hybrid-swa-memory).
-  fi_verify    flashinfer + EAGLE verify on sliding-window layers (flashinfer_swa_verify):
-               tiny Gemma4 target, topk 1/2 with and without the plugin, against no spec.
+  fi_verify    issue #17, flashinfer + EAGLE verify on sliding-window layers (flashinfer_swa_verify):
+               a Gemma4 target whose sliding layers decide its output with stable margins
+               (make_gemma4_pair) and its real-weight EAGLE draft, topk 1/2 with and without the
+               plugin, against no spec; control: no spec on one pool; accept length against
+               the same spec run on one pool.
   cost         decode throughput for COST_SETTINGS (plugin on / off / on with the guard),
                alternating, warm servers, several repetitions.
 Each scenario writes DIR/<scenario>.json and the server logs DIR/<run>.log.
@@ -723,26 +726,163 @@ def gemma4_config(vocab: int = 2048, window: int = 16):
     return cfg
 
 
-def make_gemma4_pair(root: str) -> tuple:
-    """(target dir, EAGLE draft dir, shim dir): the tiny Gemma4 target with random weights
-    (std 0.1, a real checkpoint: sglang's dummy weights would make attention nearly uniform),
-    a LlamaForCausalLMEagle draft (one layer; EAGLE shares the target's embedding and lm_head,
-    its own weights are sglang's dummy ones), and the directory holding GEMMA4_EAGLE_SHIM as
-    sitecustomize.py."""
-    import torch
-    from transformers import Gemma4ForCausalLM, LlamaConfig
+# The Gemma4 readout pair (make_gemma4_pair): constants shared with tests/gpu/gemma4_margin_check.py.
+G4_CODE, G4_CONST, G4_VOTE = slice(0, 64), slice(64, 72), slice(128, 192)  # hidden coordinates
+G4_REPR = 1000  # class a's output token is G4_REPR + a (64 classes)
+G4_PEAK = (0.471, 0.196, 0.097, 0.001, 0.019, 0.045, 0.039, 0.0, 0.129, 0.003)  # RoPE pairs 0-9
+G4_P, G4_MONO, G4_MONO_PAIR = 100.0, 300.0, 16  # peak score; sliding layers' rising term on pair 16
+# layer -> (key offset the layer attends to, vote weight); the embedding's own vote: G4_EMB_VOTE
+G4_LAYERS = {0: (15, 0.82), 1: (23, 0.38), 2: (1, 0.62), 3: (40, 0.0)}
+G4_EMB_VOTE, G4_CLASS_SCALES = 0.34, (0.675, 1.0)
+G4_DRAFT_HEADS = (0, 1)  # target layers the draft's two KV groups copy (without a window)
 
-    cfg = gemma4_config()
-    torch.manual_seed(4)
-    target = os.path.join(root, "gemma4_target")
-    Gemma4ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(target, safe_serialization=True)
-    draft = os.path.join(root, "gemma4_draft")
+
+def _gemma4_qk(offset: int, mono: float):
+    """Query and key (64 dims, RoPE neox pairs (j, j + 32)) whose score q.R(delta)k peaks at
+    delta = ``offset``: sum_j P a_j cos((delta - offset) w_j), w_j = 10000^(-j/32), at most 0.71 P
+    off the peak for |delta - offset| <= 170; plus ``-mono cos(delta w_16)`` (rises with delta)."""
+    import math
+
+    import torch
+
+    q, k = torch.zeros(64, dtype=torch.float64), torch.zeros(64, dtype=torch.float64)
+    for j, a in enumerate(G4_PEAK):
+        w, r = 10000.0 ** (-j / 32), math.sqrt(G4_P * a)
+        k[j] = r
+        q[j], q[j + 32] = r * math.cos(-offset * w), r * math.sin(-offset * w)
+    if mono:
+        k[G4_MONO_PAIR], q[G4_MONO_PAIR] = math.sqrt(mono), -math.sqrt(mono)
+    return q, k
+
+
+def gemma4_readout_weights(seed: int = 17) -> tuple:
+    """The weights of make_gemma4_pair: (target state dict, draft weights, token classes,
+    class scales), float32 (bf16 when saved). A readout target whose next token is decided by
+    exact votes (see make_gemma4_pair); everything here is constant, so the result does not
+    depend on torch's random state."""
+    import torch
+
+    H, V, HD, FF = 256, 2048, 64, 512
+    g = torch.Generator().manual_seed(seed)
+    had = torch.ones(1, 1)
+    while had.shape[0] < 64:  # Sylvester Hadamard 64 x 64: the class codes, orthogonal
+        had = torch.cat([torch.cat([had, had], 1), torch.cat([had, -had], 1)], 0)
+    cls = torch.randint(0, 64, (V,), generator=g)
+    cls[G4_REPR:G4_REPR + 64] = torch.arange(64)
+    scale = torch.tensor(G4_CLASS_SCALES)[torch.randint(0, 2, (64,), generator=g)]
+    emb = torch.zeros(V, H)
+    emb[:, G4_CODE], emb[:, G4_CONST] = had[cls], 1.0
+    head = torch.zeros(V, H)
+    head[:, G4_CONST] = -1.0  # every token but the 64 class outputs scores below zero
+    rep = torch.arange(G4_REPR, G4_REPR + 64)
+    head[rep] = 0.0
+    head[rep, G4_CODE] = (G4_EMB_VOTE / 16) * scale[:, None] * had  # the embedding enters x sqrt(256)
+    head[rep, G4_VOTE] = scale[:, None] * had
+    sd = {"model.embed_tokens.weight": emb, "lm_head.weight": head, "model.norm.weight": torch.ones(H)}
+    c = G4_CONST.start  # q and k read one constant coordinate; q_norm / k_norm restore their length
+    for i, (offset, vote) in G4_LAYERS.items():
+        p = f"model.layers.{i}."
+        sliding = i % 2 == 0
+        q, k = _gemma4_qk(offset, G4_MONO if sliding else 0.0)
+        wq, wk, wv, wo = torch.zeros(4 * HD, H), torch.zeros(2 * HD, H), torch.zeros(2 * HD, H), torch.zeros(H, 4 * HD)
+        for h in range(4):
+            wq[h * HD:(h + 1) * HD, c] = q
+        for h in range(2):
+            wk[h * HD:(h + 1) * HD, c] = k
+            wv[h * HD:(h + 1) * HD, G4_CODE] = torch.eye(HD)  # v = the token's class code (v_norm: exactly +-1)
+        wo[G4_VOTE, 0:HD] = torch.eye(HD)  # head 0's output into the vote coordinates
+        post = torch.zeros(H)
+        post[G4_VOTE] = vote / 2  # post_attention_layernorm: the +-1 code over 64 of 256 dims has rms 1/2
+        sd.update({p + "self_attn.q_proj.weight": wq, p + "self_attn.k_proj.weight": wk,
+                   p + "self_attn.v_proj.weight": wv, p + "self_attn.o_proj.weight": wo,
+                   p + "self_attn.q_norm.weight": torch.full((HD,), float(q.pow(2).mean().sqrt())),
+                   p + "self_attn.k_norm.weight": torch.full((HD,), float(k.pow(2).mean().sqrt())),
+                   p + "input_layernorm.weight": torch.ones(H), p + "post_attention_layernorm.weight": post,
+                   p + "pre_feedforward_layernorm.weight": torch.ones(H),
+                   p + "post_feedforward_layernorm.weight": torch.ones(H),
+                   p + "mlp.gate_proj.weight": torch.randn(FF, H, generator=g) * 0.1,
+                   p + "mlp.up_proj.weight": torch.randn(FF, H, generator=g) * 0.1,
+                   p + "mlp.down_proj.weight": torch.zeros(H, FF), p + "layer_scalar": torch.ones(1)})
+    # Draft (LlamaForCausalLMEagle, one layer, no window, Llama's 1/sqrt(64) score scale, no
+    # norm before or after its layer): input fc = [I | 0] (the token embedding; the target's
+    # hidden state is not read); KV group 0 (heads 0, 1) attends like target layer
+    # G4_DRAFT_HEADS[0] without its rising term, group 1 like G4_DRAFT_HEADS[1]; heads 0 and 2
+    # write their codes with the target's vote weights / 16 (its embedding is not scaled).
+    dq, dk, dv, do = torch.zeros(4 * HD, H), torch.zeros(2 * HD, H), torch.zeros(2 * HD, H), torch.zeros(H, 4 * HD)
+    for grp, layer in enumerate(G4_DRAFT_HEADS):
+        offset, vote = G4_LAYERS[layer]
+        q, k = _gemma4_qk(offset, 0.0)
+        for h in (2 * grp, 2 * grp + 1):
+            dq[h * HD:(h + 1) * HD, c] = q * HD ** 0.5
+        dk[grp * HD:(grp + 1) * HD, c] = k
+        dv[grp * HD:(grp + 1) * HD, G4_CODE] = torch.eye(HD)
+        do[G4_VOTE, 2 * grp * HD:(2 * grp + 1) * HD] = torch.eye(HD) * (vote / 16)
+    draft = {"embed_tokens.weight": emb, "lm_head.weight": head,
+             "fc.weight": torch.cat([torch.eye(H), torch.zeros(H, H)], dim=1), "fc.bias": torch.zeros(H),
+             "layers.0.self_attn.q_proj.weight": dq, "layers.0.self_attn.k_proj.weight": dk,
+             "layers.0.self_attn.v_proj.weight": dv, "layers.0.self_attn.o_proj.weight": do,
+             "layers.0.post_attention_layernorm.weight": torch.ones(H),
+             "layers.0.mlp.gate_proj.weight": torch.randn(FF, H, generator=g) * 0.1,
+             "layers.0.mlp.up_proj.weight": torch.randn(FF, H, generator=g) * 0.1,
+             "layers.0.mlp.down_proj.weight": torch.zeros(H, FF)}
+    return sd, draft, cls, scale
+
+
+def gemma4_draft_config(cfg):
+    from transformers import LlamaConfig
+
     d = LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
-                    tie_word_embeddings=False)
+                    rms_norm_eps=cfg.rms_norm_eps, tie_word_embeddings=False,
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     d.architectures = ["LlamaForCausalLMEagle"]
     d.torch_dtype = "bfloat16"
-    d.save_pretrained(draft)
+    return d
+
+
+def make_gemma4_pair(root: str) -> tuple:
+    """(target dir, EAGLE draft dir, shim dir) for fi_verify: a tiny Gemma4ForCausalLM
+    (gemma4_config: sliding/full/sliding/full, window 16) whose next token is decided by exact
+    votes with stable margins, its sliding layers deciding most of them, and a
+    LlamaForCausalLMEagle draft built to predict it (real weights, checkpoint saved), plus
+    the directory holding GEMMA4_EAGLE_SHIM as sitecustomize.py.
+
+    Target (every norm is Gemma4's plain ``x / rms * w`` in transformers and in sglang 0.5.11;
+    the embedding is scaled by sqrt(256) = 16; no softcapping; layer_scalar 1): each token
+    belongs to one of 64 classes; its embedding is the class's Hadamard code (+-1) on
+    coordinates 0-63 and 1 on 64-71 (constant). q and k read only the constant coordinate, so
+    after q_norm / k_norm they are fixed vectors whatever the residual holds, and RoPE makes
+    each layer attend to one relative offset (G4_LAYERS: sliding layer 0 the window's oldest
+    key, delta 15; sliding layer 2 the previous token, delta 1; full layer 1 delta 23; full
+    layer 3 adds nothing); the score peaks 29+ above any other key's, so attention is one-hot.
+    The sliding layers' scores also rise slowly with distance (a low-frequency pair): inside
+    the window the peak still wins, without a window the earliest keys would. v reads the
+    code (v_norm: exactly +-1); o_proj puts head 0's output on coordinates 128-191 and
+    post_attention_layernorm scales it to the layer's vote weight; every MLP's down projection
+    is zero. Class a's output token is 1000 + a, whose lm_head row is the class code on the
+    code and vote coordinates times the class scale (0.675 or 1): the logit of class a is
+    scale_a x (sum of the vote weights of the embedding and the layers that read a token of
+    class a), exactly (codes are orthogonal), other classes score 0 and every other token
+    below 0. Vote weights and scales leave every two possible sums >= 9 % apart.
+    Draft: EAGLE's draft reads (token embedding, target hidden state) at the position before
+    the target's, attends over its own KV (the same tokens), so it copies the same offsets:
+    it carries the embedding vote and target layers 0 and 1's (no window needed at a fixed
+    offset) but not layer 2's. Figures: tests/gpu/gemma4_margin_check.py."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Gemma4ForCausalLM
+
+    cfg = gemma4_config()
+    sd, draft_w, _, _ = gemma4_readout_weights()
+    model = Gemma4ForCausalLM(cfg)
+    missing = set(model.state_dict()) - set(sd)
+    assert not missing, f"unset Gemma4 weights: {sorted(missing)}"
+    model.load_state_dict(sd, strict=True)
+    target = os.path.join(root, "gemma4_target")
+    model.to(torch.bfloat16).save_pretrained(target, safe_serialization=True)
+    draft = os.path.join(root, "gemma4_draft")
+    gemma4_draft_config(cfg).save_pretrained(draft)
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in draft_w.items()}, os.path.join(draft, "model.safetensors"))
     shim = os.path.join(root, "gemma4_shim")
     os.makedirs(shim, exist_ok=True)
     with open(os.path.join(shim, "sitecustomize.py"), "w") as f:
@@ -750,24 +890,49 @@ def make_gemma4_pair(root: str) -> tuple:
     return target, draft, shim
 
 
+def gemma4_cpu_greedy(target, reqs: list, max_new: int) -> list:
+    """Greedy continuations of ``target`` (a checkpoint directory: transformers in float32 on
+    the CPU, what tests/gpu/gemma4_margin_check.py measures; or a loaded model), with its KV
+    cache: the server's no-spec output should equal them."""
+    import torch
+    from transformers import Gemma4ForCausalLM
+
+    torch.set_num_threads(min(4, torch.get_num_threads()))  # beside the servers' start-up
+    model = target if not isinstance(target, str) else Gemma4ForCausalLM.from_pretrained(
+        target, dtype=torch.float32, attn_implementation="eager").eval()
+    ids, past, outs = torch.tensor(reqs), None, []
+    with torch.no_grad():
+        for _ in range(max_new):
+            o = model(input_ids=ids, past_key_values=past, use_cache=True)
+            past, ids = o.past_key_values, o.logits[:, -1].argmax(-1, keepdim=True)
+            outs.append(ids)
+    return torch.cat(outs, 1).tolist()
+
+
 def scenario_fi_verify(out, _target, _draft):
-    """flashinfer_swa_verify on a real server, CUDA graphs on: a tiny hybrid-SWA Gemma4
-    (make_gemma4_pair; GPT-OSS is refused with flashinfer) on --attention-backend flashinfer,
-    EAGLE (plain: 0.5.11's Gemma4 is no EAGLE3 target, and needs the test-side accessor
-    GEMMA4_EAGLE_SHIM even for EAGLE, on every server's PYTHONPATH, spec or not), 32 prompts
-    of 100 tokens (window 16), 48 new tokens, greedy, 32 at once. Judged against ``ref``
-    (no spec, plugin on). Rows: k1/k2 = topk 1 (3 steps, 4 draft tokens) / topk 2 (4 draft
-    tokens), _on/_off = plugin loaded or not (without it 0.5.10-0.5.13 fail at start-up with a
-    TypeError: ``prefix_lens`` None); k1_nohy_on: --disable-hybrid-swa-memory with the plugin,
-    the accept-length reference; nospec_nohy: no spec on that pool (rounding between the two
-    pool layouts); k1_on_eager: graphs off. Output equality is limited by the rounding that
-    nospec_nohy shows; accept length of k1_on must equal k1_nohy_on's."""
+    """flashinfer_swa_verify on a real server, CUDA graphs on: the tiny hybrid-SWA Gemma4 of
+    make_gemma4_pair (GPT-OSS is refused with flashinfer; its sliding layers decide most
+    next-token choices with margins bf16 cannot flip; its real-weight EAGLE draft is accepted
+    often) on --attention-backend flashinfer, EAGLE (plain: 0.5.11's Gemma4 is no EAGLE3
+    target, and needs the test-side accessor GEMMA4_EAGLE_SHIM even for EAGLE, on every
+    server's PYTHONPATH, spec or not), 32 prompts of 100 tokens (window 16), 48 new tokens,
+    greedy, 32 at once. Judged against ``ref`` (no spec, hybrid pool, plugin on). Rows:
+    nospec_nohy: no spec on one pool (--disable-hybrid-swa-memory), the control (rounding
+    between two supported paths); k1/k2 = topk 1 (3 steps, 4 draft tokens) / topk 2 (3 steps,
+    4 draft tokens), _on/_off = plugin loaded or not (without it 0.5.10-0.5.13 fail at start-up
+    with a TypeError: ``prefix_lens`` None); k1_nohy_on: --disable-hybrid-swa-memory with the
+    plugin, the accept-length reference; k1_on_eager: graphs off (secondary row). Also the
+    float32 CPU greedy output of transformers (``cpu_float32``) against ``ref``.
+    Proof: nospec_nohy and cpu_float32 equal ref (32/32: the margins hold); k1_on, k2_on and
+    k1_on_eager equal ref 32/32; k1_on's accept length equals k1_nohy_on's (same draft, same
+    proposals: equal to the last digit when the outputs are equal) and is well above 1 (CPU:
+    about 2.9)."""
     target, draft, shim = make_gemma4_pair(tempfile.mkdtemp(prefix="swa_fi_"))
     reqs = prompts(32, 100, seed=7)
     common = BASE + ["--model-path", target, "--attention-backend", "flashinfer"]
     spec = lambda topk: ["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", draft,
-                         "--speculative-draft-load-format", "dummy", "--speculative-eagle-topk", str(topk),
-                         "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
+                         "--speculative-eagle-topk", str(topk), "--speculative-num-steps", "3",
+                         "--speculative-num-draft-tokens", "4"]
     pp = os.pathsep.join(filter(None, [shim, os.environ.get("PYTHONPATH")]))
     on, off = {**ON, "PYTHONPATH": pp}, {**OFF, "PYTHONPATH": pp}
     nohy = ["--disable-hybrid-swa-memory"]
@@ -777,15 +942,28 @@ def scenario_fi_verify(out, _target, _draft):
         "k2_off": (common + spec(2), off), "k2_on": (common + spec(2), on),
         "k1_nohy_on": (common + spec(1) + nohy, on), "k1_on_eager": (eager(common + spec(1)), on),
     }
-    res = run_many({k: (f"fi_{k}", out, args, env, reqs, 48) for k, (args, env) in rows.items()})
+    runs = {k: (f"fi_{k}", out, args, env, reqs, 48) for k, (args, env) in rows.items()}
+    with ThreadPoolExecutor(1) as ex:  # beside the servers, on the CPU
+        cpu = ex.submit(gemma4_cpu_greedy, target, reqs, 48)
+        res = run_many(runs)
+        try:
+            cpu_out = {"name": "cpu_float32", "outputs": cpu.result()}
+        except Exception as err:  # noqa: BLE001 - the server rows stand without it
+            cpu_out = {"name": "cpu_float32", "error": f"{type(err).__name__}: {err}"}
     for k, r in res.items():
         log = os.path.join(out, f"fi_{k}.log")
         lines = open(log, errors="replace").read().splitlines() if os.path.exists(log) else []
         r["type_errors"] = [l[-240:] for l in lines if "TypeError" in l][:3]
         r["plugin_log"] = [l[-160:] for l in r.get("plugin_log", []) if "flashinfer" in l or "swa_verify" in l][:4]
+    res["cpu_float32"] = cpu_out
     res["reference_distinct_outputs"] = len({tuple(o) for o in res["ref"].get("outputs") or [] if o})
     res["accept_length"] = {k: r.get("accept_length") for k, r in res.items() if isinstance(r, dict) and "name" in r}
-    return {**res, **judged({k: v for k, v in res.items() if isinstance(v, dict) and "name" in v}, "ref")}
+    judge = judged({k: v for k, v in res.items() if isinstance(v, dict) and "name" in v}, "ref")
+    cmp = compare(res["k1_on"].get("outputs") or [], res["k1_nohy_on"].get("outputs") or [])
+    judge["k1_on_vs_k1_nohy_on"] = {**cmp, "bands": first_divergences(cmp)}
+    res["identical_of_32"] = {k[:-len("_vs_ref")]: v["identical_requests"] for k, v in judge.items() if k.endswith("_vs_ref")}
+    return {**res, **judge}
+
 
 SETTINGS = {"off": OFF, "on": ON, "guard": {**ON, "SGLANG_SWA_PLUGIN_GUARD": "1"}}
 

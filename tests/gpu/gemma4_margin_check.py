@@ -2,19 +2,21 @@
 
     .nox/tests-0-5-11/bin/python tests/gpu/gemma4_margin_check.py [--out DIR]
 
-Saves the checkpoints, loads the target with transformers (float32 and bfloat16, eager
-attention) and the draft's safetensors, then on the scenario's 32 prompts (100 tokens, seed 7)
-teacher-forced with the float32 target's own greedy 48-token continuation (what the server
-generates) reports: (a) the top-1/top-2 logit margins of the bf16 target against the largest
-bf16-float32 logit difference, and whether any argmax differs; (b) the share of next-token
-choices that change when the sliding layers add nothing, and when their window is lifted;
-(c) the share of positions where the draft's proposal equals the target's choice, and the
-accept length of a topk-1 chain of 3 draft steps along the greedy output."""
+Saves the checkpoints and computes the target under sglang 0.5.11's math on flashinfer
+(e2e_server.gemma4_sglang_logits: the prompt one extend whose sliding layers see every key,
+then decode steps that see the last 16), on the scenario's 32 prompts (100 tokens, seed 7)
+teacher-forced with its own float32 greedy 48-token continuation (what the server generates),
+and reports: (a) the top-1/top-2 logit margins in bf16 against the largest bf16-float32
+margin difference, whether any argmax differs (none: the bf16 greedy output is the float32
+one), and whether any choice changes when no position has a window (a retraction
+re-prefills), when every position has one (transformers' semantics) and under transformers
+itself; (b) the share of next-token choices that change when the sliding layers (or the
+full ones, or one layer) add nothing; (c) the share of positions where the draft's proposal
+equals the target's choice, and the accept length of a topk-1 chain of 3 draft steps along the greedy output."""
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import sys
@@ -43,7 +45,9 @@ def greedy(model, prompts: torch.Tensor, new: int) -> torch.Tensor:
 def draft_logits(w: dict, seqs: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
     """sglang's LlamaForCausalLMEagle on these weights, in torch: fc([emb, hidden]) with the
     hidden half zero-weighted, one Llama layer (no input norm on layer 0), residual out, no
-    final norm, lm_head. Positions 0..n-1 (RoPE sees only offsets)."""
+    final norm (models/llama_eagle.py: the layer's MLP adds zero, hidden + residual out),
+    lm_head; EAGLE swaps in the target's embedding and lm_head (equal to the draft's here).
+    Positions 0..n-1 (RoPE sees only offsets)."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     w = {k: v.to(dtype) for k, v in w.items()}
@@ -76,45 +80,75 @@ def pct(t: torch.Tensor, qs=(0.0, 0.01, 0.05, 0.5)) -> dict:
     return {f"p{int(q * 100)}": round(float(t.quantile(q)), 4) for q in qs}
 
 
+def first_run(path: str) -> dict:
+    """The first fi_verify target (sliding layers' rising term G4_MONO = 300) under sglang's
+    math and under the window everywhere (transformers' semantics), in bf16 and float32,
+    against that run's server rows and its transformers row (fi_verify.json at ``path``):
+    requests whose first token / first 8 tokens / 48 tokens are equal."""
+    first = json.load(open(path))
+    sd = {k: v.to(torch.bfloat16) for k, v in e.gemma4_readout_weights(mono=300.0)[0].items()}
+    reqs = e.prompts(PROMPTS, PLEN, seed=7)
+    res = {}
+    for dt in (torch.float32, torch.bfloat16):
+        for window in (None, 16):
+            out = e.gemma4_sglang_greedy(sd, reqs, NEW, dt, window)
+            key = f"{'sglang_math' if window is None else 'window_everywhere'}_{str(dt)[6:]}"
+            for row in ("ref", "nospec_nohy", "cpu_float32"):
+                srv = first[row]["outputs"]
+                res[f"{key}_vs_{row}"] = {n: sum(a[:k] == b[:k] for a, b in zip(out, srv)) for n, k in
+                                          (("token0", 1), ("tokens_0_7", 8), ("all_48", NEW))}
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
+    ap.add_argument("--first-run", default=None, help="the first run's fi_verify.json: reproduce its outputs only")
     a = ap.parse_args()
+    if a.first_run:
+        print(json.dumps(first_run(a.first_run), indent=1))
+        return
     from transformers import Gemma4ForCausalLM
 
     root = a.out or tempfile.mkdtemp(prefix="g4check_")
     target_dir, draft_dir, _ = e.make_gemma4_pair(root)
-    f32 = Gemma4ForCausalLM.from_pretrained(target_dir, dtype=torch.float32, attn_implementation="eager").eval()
-    bf = Gemma4ForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16, attn_implementation="eager").eval()
+    w = load_file(os.path.join(target_dir, "model.safetensors"))  # the bf16 checkpoint sglang loads
     dw = load_file(os.path.join(draft_dir, "model.safetensors"))
     prompts = torch.tensor(e.prompts(PROMPTS, PLEN, seed=7))
-    seqs = torch.cat([prompts, greedy(f32, prompts, NEW)], 1)
-    seqs_bf = torch.cat([prompts, greedy(bf, prompts, NEW)], 1)
+    # sglang's math (e.gemma4_sglang_logits): the prompt one extend (sliding layers without
+    # window), then decode steps (window 16); teacher-forced over the float32 greedy output
+    seqs = torch.cat([prompts, torch.tensor(e.gemma4_sglang_greedy(w, prompts.tolist(), NEW))], 1)
     pos = slice(PLEN - 1, PLEN - 1 + NEW)  # the logits that choose the generated tokens
-    lf, lb = target_logits(f32, seqs)[:, pos], target_logits(bf, seqs)[:, pos]
+    sg = lambda wt, dtype=torch.float32, prefill=PLEN, window=None: e.gemma4_sglang_logits(
+        wt, seqs, prefill, dtype, window)[:, pos]
+    lf, lb = sg(w), sg(w, torch.bfloat16)
     top1 = lf.max(-1).values
     noise = (lb - lf).abs()
+    choice = lf.argmax(-1)
     res = {"positions": int(lf.shape[0] * lf.shape[1]),
            "a_margin_f32": pct(margins(lf)), "a_margin_bf16": pct(margins(lb)),
            "a_relative_margin_f32": pct(margins(lf) / top1),
            "a_top1_logit": pct(top1, (0.0, 0.5, 1.0)),
            "a_bf16_minus_f32_max_abs_logit": round(float(noise.max()), 4),
            "a_bf16_minus_f32_max_abs_margin": round(float((margins(lb) - margins(lf)).abs().max()), 4),
-           "a_argmax_differs_bf16_vs_f32": int((lb.argmax(-1) != lf.argmax(-1)).sum()),
-           "a_greedy_requests_identical_bf16_vs_f32": int((seqs_bf == seqs).all(1).sum())}
+           # equal teacher-forced argmax at every step <=> the bf16 greedy output equals the f32 one
+           "a_argmax_differs_bf16_vs_f32": int((lb.argmax(-1) != choice).sum())}
+    res["a_teacher_forced_argmax_equals_greedy"] = bool((choice == seqs[:, PLEN:]).all())
     res["a_min_margin_over_max_noise"] = round(res["a_margin_bf16"]["p0"] / max(res["a_bf16_minus_f32_max_abs_margin"], 1e-9), 1)
+    # path independence: every position re-prefilled (a retraction at any step: no window
+    # anywhere), the window applied everywhere (transformers), and transformers itself
+    tf = Gemma4ForCausalLM.from_pretrained(target_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    res["a_argmax_differs_no_window_anywhere"] = int((sg(w, prefill=seqs.shape[1]).argmax(-1) != choice).sum())
+    res["a_argmax_differs_window_everywhere"] = int((sg(w, window=16).argmax(-1) != choice).sum())
+    res["a_argmax_differs_transformers_f32"] = int((target_logits(tf, seqs)[:, pos].argmax(-1) != choice).sum())
+    res["a_greedy_requests_identical_transformers_vs_sglang_math"] = int(
+        (greedy(tf, prompts, NEW) == seqs[:, PLEN:]).all(1).sum())
 
-    choice = lf.argmax(-1)
-    no_sliding = copy.deepcopy(f32)
-    no_full = copy.deepcopy(f32)
-    for i, layer in enumerate(f32.model.layers):
-        (no_sliding if i % 2 == 0 else no_full).model.layers[i].post_attention_layernorm.weight.data.zero_()
-    cfg = copy.deepcopy(f32.config)
-    cfg.sliding_window = 4096
-    lifted = Gemma4ForCausalLM(cfg).eval()
-    lifted.load_state_dict(f32.state_dict())
-    for name, m in (("no_sliding_layers", no_sliding), ("no_full_layers", no_full), ("window_lifted", lifted)):
-        res[f"b_changed_{name}"] = round(float((target_logits(m, seqs)[:, pos].argmax(-1) != choice).float().mean()), 4)
+    for name, layers in (("no_sliding_layers", (0, 2)), ("no_full_layers", (1, 3)), ("no_layer0", (0,)), ("no_layer2", (2,))):
+        cut = dict(w)
+        for i in layers:
+            cut[f"model.layers.{i}.post_attention_layernorm.weight"] = torch.zeros_like(w["model.norm.weight"])
+        res[f"b_changed_{name}"] = round(float((sg(cut).argmax(-1) != choice).float().mean()), 4)
     res["b_generated_token_equals_current_token"] = round(float((seqs[:, PLEN:] == seqs[:, PLEN - 1:-1]).float().mean()), 4)
 
     # (c) EAGLE: the draft at position i reads token i + 1 (and the target's hidden state i,
@@ -143,10 +177,10 @@ def main():
             j += acc + 1
     res["c_accept_length_topk1_3_steps"] = round(sum(lens) / len(lens), 3)
     # attention: the score of each layer's (and draft head's) peak key minus the best other key
-    # it can see (sliding: the 16 keys of its window; full and draft: up to 160 back)
+    # up to 160 back (sglang's prefill applies no window to the sliding layers)
     gaps = {}
     for name, (offset, mono, reach) in {
-            "L0_sliding": (e.G4_LAYERS[0][0], e.G4_MONO, 15), "L2_sliding": (e.G4_LAYERS[2][0], e.G4_MONO, 15),
+            "L0_sliding": (e.G4_LAYERS[0][0], e.G4_MONO, 160), "L2_sliding": (e.G4_LAYERS[2][0], e.G4_MONO, 160),
             "L1_full": (e.G4_LAYERS[1][0], 0.0, 160), "draft_L0": (e.G4_LAYERS[0][0], 0.0, 160),
             "draft_L1": (e.G4_LAYERS[1][0], 0.0, 160)}.items():
         q, k = e._gemma4_qk(offset, mono)
@@ -158,7 +192,7 @@ def main():
         score = torch.tensor(score)
         gaps[name] = round(float(score[offset] - torch.cat([score[:offset], score[offset + 1:]]).max()), 2)
     res["attention_peak_gap"] = gaps
-    res["cpu_greedy_from_checkpoint_equals"] = e.gemma4_cpu_greedy(target_dir, prompts[:2].tolist(), 3) == seqs[:2, PLEN:PLEN + 3].tolist()
+    res["cpu_greedy_from_checkpoint_equals"] = e.gemma4_sglang_greedy(target_dir, prompts[:2].tolist(), 3) == seqs[:2, PLEN:PLEN + 3].tolist()
     res["checkpoints"] = root
     print(json.dumps(res, indent=1))
 

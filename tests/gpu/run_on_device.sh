@@ -39,7 +39,8 @@ for step in "$@"; do
     trtllm_eagle_accept|xqa_verify|fa3_seq|fa3_eagle3|fa3_control|cost)
       PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-560} python3 tests/gpu/e2e_server.py $step --out "$OUT" ;;
     fi_verify)  # issue #17: 8 servers side by side (make_gemma4_pair's readout target + real EAGLE draft), and the
-                # target's float32 greedy output from transformers on the CPU; fi_verify.json + fi_*.log in $OUT
+                # target's float32 greedy output on the CPU under sglang's math (cpu_float32) and transformers'
+                # (cpu_transformers); fi_verify.json + fi_*.log in $OUT
       PARALLEL=${PARALLEL:-8} MEM_FRACTION=${MEM_FRACTION:-0.8} PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-560} \
         python3 tests/gpu/e2e_server.py fi_verify --out "$OUT" 2>&1 | tail -3 ;;
     fp8)

@@ -28,8 +28,11 @@ Scenarios:
   llama4_eagle issue #19 item 2 (fa3_local_attn_verify): the llama4_fa3 target in CUDA-graph
                EAGLE3 verify, page 1 and 16, topk 1 (and 2, not corrected), without / with the
                plugin, against plain decode and a graphs-off EAGLE3 control.
-  fi_verify    flashinfer + EAGLE verify on sliding-window layers (flashinfer_swa_verify):
-               tiny Gemma4 target, topk 1/2 with and without the plugin, against no spec.
+  fi_verify    issue #17, flashinfer + EAGLE verify on sliding-window layers (flashinfer_swa_verify):
+               a Gemma4 target whose sliding layers decide its output with stable margins
+               (make_gemma4_pair) and its real-weight EAGLE draft, topk 1/2 with and without the
+               plugin, against no spec; control: no spec on one pool; accept length against
+               the same spec run on one pool.
   cost         decode throughput for COST_SETTINGS (plugin on / off / on with the guard),
                alternating, warm servers, several repetitions.
 Each scenario writes DIR/<scenario>.json and the server logs DIR/<run>.log.
@@ -42,6 +45,7 @@ import itertools
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -780,26 +784,170 @@ def gemma4_config(vocab: int = 2048, window: int = 16):
     return cfg
 
 
-def make_gemma4_pair(root: str) -> tuple:
-    """(target dir, EAGLE draft dir, shim dir): the tiny Gemma4 target with random weights
-    (std 0.1, a real checkpoint: sglang's dummy weights would make attention nearly uniform),
-    a LlamaForCausalLMEagle draft (one layer; EAGLE shares the target's embedding and lm_head,
-    its own weights are sglang's dummy ones), and the directory holding GEMMA4_EAGLE_SHIM as
-    sitecustomize.py."""
-    import torch
-    from transformers import Gemma4ForCausalLM, LlamaConfig
+# The Gemma4 readout pair (make_gemma4_pair): constants shared with tests/gpu/gemma4_margin_check.py.
+G4_CODE, G4_CONST, G4_VOTE = slice(0, 64), slice(64, 72), slice(128, 192)  # hidden coordinates
+G4_REPR = 1000  # class a's output token is G4_REPR + a (64 classes)
+G4_PEAK = (0.471, 0.196, 0.097, 0.001, 0.019, 0.045, 0.039, 0.0, 0.129, 0.003)  # RoPE pairs 0-9
+# G4_MONO: a rising term on pair 16 for the sliding layers (scores grow with distance, so that only
+# the window keeps the peak). 0: sglang 0.5.11 runs the sliding layers' prefill (and a retracted
+# request's re-prefill) on flashinfer WITHOUT the window (gemma4_sglang_logits), so a target whose
+# choice depends on the window has no single output there; with 0 every peak is the best key at any
+# distance up to 170, window or not. 300.0 rebuilds the first fi_verify target (r1/5).
+G4_P, G4_MONO, G4_MONO_PAIR = 100.0, 0.0, 16  # peak score; sliding layers' rising term (see above)
+# layer -> (key offset the layer attends to, vote weight); the embedding's own vote: G4_EMB_VOTE
+G4_LAYERS = {0: (15, 0.82), 1: (23, 0.38), 2: (1, 0.62), 3: (40, 0.0)}
+G4_EMB_VOTE, G4_CLASS_SCALES = 0.34, (0.675, 1.0)
+G4_DRAFT_HEADS = (0, 1)  # target layers the draft's two KV groups copy (without a window)
 
-    cfg = gemma4_config()
-    torch.manual_seed(4)
-    target = os.path.join(root, "gemma4_target")
-    Gemma4ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(target, safe_serialization=True)
-    draft = os.path.join(root, "gemma4_draft")
+
+def _gemma4_qk(offset: int, mono: float):
+    """Query and key (64 dims, RoPE neox pairs (j, j + 32)) whose score q.R(delta)k peaks at
+    delta = ``offset``: sum_j P a_j cos((delta - offset) w_j), w_j = 10000^(-j/32), at most 0.71 P
+    off the peak for |delta - offset| <= 170; plus ``-mono cos(delta w_16)`` (rises with delta)."""
+    import math
+
+    import torch
+
+    q, k = torch.zeros(64, dtype=torch.float64), torch.zeros(64, dtype=torch.float64)
+    for j, a in enumerate(G4_PEAK):
+        w, r = 10000.0 ** (-j / 32), math.sqrt(G4_P * a)
+        k[j] = r
+        q[j], q[j + 32] = r * math.cos(-offset * w), r * math.sin(-offset * w)
+    if mono:
+        k[G4_MONO_PAIR], q[G4_MONO_PAIR] = math.sqrt(mono), -math.sqrt(mono)
+    return q, k
+
+
+def gemma4_readout_weights(seed: int = 17, mono: float = None) -> tuple:
+    """The weights of make_gemma4_pair: (target state dict, draft weights, token classes,
+    class scales), float32 (bf16 when saved). A readout target whose next token is decided by
+    exact votes (see make_gemma4_pair); everything here is constant, so the result does not
+    depend on torch's random state."""
+    import torch
+
+    H, V, HD, FF = 256, 2048, 64, 512
+    g = torch.Generator().manual_seed(seed)
+    had = torch.ones(1, 1)
+    while had.shape[0] < 64:  # Sylvester Hadamard 64 x 64: the class codes, orthogonal
+        had = torch.cat([torch.cat([had, had], 1), torch.cat([had, -had], 1)], 0)
+    cls = torch.randint(0, 64, (V,), generator=g)
+    cls[G4_REPR:G4_REPR + 64] = torch.arange(64)
+    scale = torch.tensor(G4_CLASS_SCALES)[torch.randint(0, 2, (64,), generator=g)]
+    emb = torch.zeros(V, H)
+    emb[:, G4_CODE], emb[:, G4_CONST] = had[cls], 1.0
+    head = torch.zeros(V, H)
+    head[:, G4_CONST] = -1.0  # every token but the 64 class outputs scores below zero
+    rep = torch.arange(G4_REPR, G4_REPR + 64)
+    head[rep] = 0.0
+    head[rep, G4_CODE] = (G4_EMB_VOTE / 16) * scale[:, None] * had  # the embedding enters x sqrt(256)
+    head[rep, G4_VOTE] = scale[:, None] * had
+    sd = {"model.embed_tokens.weight": emb, "lm_head.weight": head, "model.norm.weight": torch.ones(H)}
+    c = G4_CONST.start  # q and k read one constant coordinate; q_norm / k_norm restore their length
+    for i, (offset, vote) in G4_LAYERS.items():
+        p = f"model.layers.{i}."
+        sliding = i % 2 == 0
+        q, k = _gemma4_qk(offset, (G4_MONO if mono is None else mono) if sliding else 0.0)
+        wq, wk, wv, wo = torch.zeros(4 * HD, H), torch.zeros(2 * HD, H), torch.zeros(2 * HD, H), torch.zeros(H, 4 * HD)
+        for h in range(4):
+            wq[h * HD:(h + 1) * HD, c] = q
+        for h in range(2):
+            wk[h * HD:(h + 1) * HD, c] = k
+            wv[h * HD:(h + 1) * HD, G4_CODE] = torch.eye(HD)  # v = the token's class code (v_norm: exactly +-1)
+        wo[G4_VOTE, 0:HD] = torch.eye(HD)  # head 0's output into the vote coordinates
+        post = torch.zeros(H)
+        post[G4_VOTE] = vote / 2  # post_attention_layernorm: the +-1 code over 64 of 256 dims has rms 1/2
+        sd.update({p + "self_attn.q_proj.weight": wq, p + "self_attn.k_proj.weight": wk,
+                   p + "self_attn.v_proj.weight": wv, p + "self_attn.o_proj.weight": wo,
+                   p + "self_attn.q_norm.weight": torch.full((HD,), float(q.pow(2).mean().sqrt())),
+                   p + "self_attn.k_norm.weight": torch.full((HD,), float(k.pow(2).mean().sqrt())),
+                   p + "input_layernorm.weight": torch.ones(H), p + "post_attention_layernorm.weight": post,
+                   p + "pre_feedforward_layernorm.weight": torch.ones(H),
+                   p + "post_feedforward_layernorm.weight": torch.ones(H),
+                   p + "mlp.gate_proj.weight": torch.randn(FF, H, generator=g) * 0.1,
+                   p + "mlp.up_proj.weight": torch.randn(FF, H, generator=g) * 0.1,
+                   p + "mlp.down_proj.weight": torch.zeros(H, FF), p + "layer_scalar": torch.ones(1)})
+    # Draft (LlamaForCausalLMEagle, one layer, no window, Llama's 1/sqrt(64) score scale, no
+    # norm before or after its layer): input fc = [I | 0] (the token embedding; the target's
+    # hidden state is not read); KV group 0 (heads 0, 1) attends like target layer
+    # G4_DRAFT_HEADS[0] without its rising term, group 1 like G4_DRAFT_HEADS[1]; heads 0 and 2
+    # write their codes with the target's vote weights / 16 (its embedding is not scaled).
+    dq, dk, dv, do = torch.zeros(4 * HD, H), torch.zeros(2 * HD, H), torch.zeros(2 * HD, H), torch.zeros(H, 4 * HD)
+    for grp, layer in enumerate(G4_DRAFT_HEADS):
+        offset, vote = G4_LAYERS[layer]
+        q, k = _gemma4_qk(offset, 0.0)
+        for h in (2 * grp, 2 * grp + 1):
+            dq[h * HD:(h + 1) * HD, c] = q * HD ** 0.5
+        dk[grp * HD:(grp + 1) * HD, c] = k
+        dv[grp * HD:(grp + 1) * HD, G4_CODE] = torch.eye(HD)
+        do[G4_VOTE, 2 * grp * HD:(2 * grp + 1) * HD] = torch.eye(HD) * (vote / 16)
+    draft = {"embed_tokens.weight": emb, "lm_head.weight": head,
+             "fc.weight": torch.cat([torch.eye(H), torch.zeros(H, H)], dim=1), "fc.bias": torch.zeros(H),
+             "layers.0.self_attn.q_proj.weight": dq, "layers.0.self_attn.k_proj.weight": dk,
+             "layers.0.self_attn.v_proj.weight": dv, "layers.0.self_attn.o_proj.weight": do,
+             "layers.0.post_attention_layernorm.weight": torch.ones(H),
+             "layers.0.mlp.gate_proj.weight": torch.randn(FF, H, generator=g) * 0.1,
+             "layers.0.mlp.up_proj.weight": torch.randn(FF, H, generator=g) * 0.1,
+             "layers.0.mlp.down_proj.weight": torch.zeros(H, FF)}
+    return sd, draft, cls, scale
+
+
+def gemma4_draft_config(cfg):
+    from transformers import LlamaConfig
+
     d = LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
-                    tie_word_embeddings=False)
+                    rms_norm_eps=cfg.rms_norm_eps, tie_word_embeddings=False,
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     d.architectures = ["LlamaForCausalLMEagle"]
     d.torch_dtype = "bfloat16"
-    d.save_pretrained(draft)
+    return d
+
+
+def make_gemma4_pair(root: str) -> tuple:
+    """(target dir, EAGLE draft dir, shim dir) for fi_verify: a tiny Gemma4ForCausalLM
+    (gemma4_config: sliding/full/sliding/full, window 16) whose next token is decided by exact
+    votes with stable margins, its sliding layers deciding most of them, and a
+    LlamaForCausalLMEagle draft built to predict it (real weights, checkpoint saved), plus
+    the directory holding GEMMA4_EAGLE_SHIM as sitecustomize.py.
+
+    Target (every norm is Gemma4's plain ``x / rms * w`` in transformers and in sglang 0.5.11;
+    the embedding is scaled by sqrt(256) = 16; no softcapping; layer_scalar 1): each token
+    belongs to one of 64 classes; its embedding is the class's Hadamard code (+-1) on
+    coordinates 0-63 and 1 on 64-71 (constant). q and k read only the constant coordinate, so
+    after q_norm / k_norm they are fixed vectors whatever the residual holds, and RoPE makes
+    each layer attend to one relative offset (G4_LAYERS: sliding layer 0 the window's oldest
+    key, delta 15; sliding layer 2 the previous token, delta 1; full layer 1 delta 23; full
+    layer 3 adds nothing); the score peaks 29+ above any other key's up to 170 back, so
+    attention is one-hot on that key whether or not the window is applied (sglang 0.5.11's
+    flashinfer prefill applies none, its decode does: G4_MONO, gemma4_sglang_logits); the
+    sliding layers' keys come from the SWA pool on a hybrid server. v reads the
+    code (v_norm: exactly +-1); o_proj puts head 0's output on coordinates 128-191 and
+    post_attention_layernorm scales it to the layer's vote weight; every MLP's down projection
+    is zero. Class a's output token is 1000 + a, whose lm_head row is the class code on the
+    code and vote coordinates times the class scale (0.675 or 1): the logit of class a is
+    scale_a x (sum of the vote weights of the embedding and the layers that read a token of
+    class a), exactly (codes are orthogonal), other classes score 0 and every other token
+    below 0. Vote weights and scales leave every two possible sums >= 9 % apart. The same
+    holds under sglang's math (gemma4_sglang_logits) and transformers' (gemma4_cpu_greedy).
+    Draft: EAGLE's draft reads (token embedding, target hidden state) at the position before
+    the target's, attends over its own KV (the same tokens), so it copies the same offsets:
+    it carries the embedding vote and target layers 0 and 1's (no window needed at a fixed
+    offset) but not layer 2's. Figures: tests/gpu/gemma4_margin_check.py."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Gemma4ForCausalLM
+
+    cfg = gemma4_config()
+    sd, draft_w, _, _ = gemma4_readout_weights()
+    model = Gemma4ForCausalLM(cfg)
+    missing = set(model.state_dict()) - set(sd)
+    assert not missing, f"unset Gemma4 weights: {sorted(missing)}"
+    model.load_state_dict(sd, strict=True)
+    target = os.path.join(root, "gemma4_target")
+    model.to(torch.bfloat16).save_pretrained(target, safe_serialization=True)
+    draft = os.path.join(root, "gemma4_draft")
+    gemma4_draft_config(cfg).save_pretrained(draft)
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in draft_w.items()}, os.path.join(draft, "model.safetensors"))
     shim = os.path.join(root, "gemma4_shim")
     os.makedirs(shim, exist_ok=True)
     with open(os.path.join(shim, "sitecustomize.py"), "w") as f:
@@ -807,24 +955,148 @@ def make_gemma4_pair(root: str) -> tuple:
     return target, draft, shim
 
 
+def gemma4_cpu_greedy(target, reqs: list, max_new: int) -> list:
+    """Greedy continuations of ``target`` (a checkpoint directory: transformers in float32 on
+    the CPU, what tests/gpu/gemma4_margin_check.py measures; or a loaded model), with its KV
+    cache: the server's no-spec output should equal them."""
+    import torch
+    from transformers import Gemma4ForCausalLM
+
+    torch.set_num_threads(min(4, torch.get_num_threads()))  # beside the servers' start-up
+    model = target if not isinstance(target, str) else Gemma4ForCausalLM.from_pretrained(
+        target, dtype=torch.float32, attn_implementation="eager").eval()
+    ids, past, outs = torch.tensor(reqs), None, []
+    with torch.no_grad():
+        for _ in range(max_new):
+            o = model(input_ids=ids, past_key_values=past, use_cache=True)
+            past, ids = o.past_key_values, o.logits[:, -1].argmax(-1, keepdim=True)
+            outs.append(ids)
+    return torch.cat(outs, 1).tolist()
+
+
+def gemma4_sglang_logits(w: dict, seqs, prefill: int, dtype=None, window: int = None, cache: list = None):
+    """Logits of sglang 0.5.11's Gemma4ForCausalLM (models/gemma4_causal.py) with
+    --attention-backend flashinfer, written out in plain torch module by module, on the
+    weights ``w`` of make_gemma4_pair's checkpoint (HF names). Embedding x sqrt(hidden);
+    RMSNorm ``x / rms * w`` in float32 (input, post-attention, pre/post-feedforward, final;
+    q_norm/k_norm: Gemma4RMSNorm scale_shift 0, v_norm without weight); neox RoPE per layer
+    type (rope_parameters); attention scale 1; no softcapping (final_logit_softcapping None);
+    gelu-tanh MLP; x layer_scalar; untied lm_head. Float32 out.
+    ``seqs`` ([B, m]) are the tokens at positions len(cache)..: positions < ``prefill`` are one
+    extend from an empty prefix, later ones decode steps. Sliding layers as flashinfer runs
+    them there (layers/attention/flashinfer_backend.py): an extend's query sees EVERY earlier
+    key: an extend without prefix runs the ragged wrapper, which is given no window at all
+    (forward_extend, extend_no_prefix); the paged wrapper (a cached prefix, or
+    SGLANG_FLASHINFER_USE_PAGED) is planned without window_left, so flashinfer builds it
+    without the sliding-window mask and the window_left handed to ``forward`` is not applied
+    (upstream #31501 passes it at plan time). A decode query sees the last ``sliding_window``
+    keys (the decode KV list is clamped to sliding_window_size + 1 = 16).
+    ``window`` applies that window to every query instead, as transformers does. ``cache``: a
+    list that keeps each layer's keys and values (the KV cache) across calls."""
+    import math
+
+    import torch
+
+    dt = dtype or torch.float32
+    cfg = gemma4_config()
+    H, NH, NKV, HD, eps = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
+    w = {k: v.to(dt) for k, v in w.items()}
+    cache = [] if cache is None else cache
+    B, m = seqs.shape
+    start = cache[0][0].shape[1] if cache else 0
+    pos, keys = torch.arange(start, start + m), torch.arange(start + m)
+
+    def rms(x, weight=None):  # sglang RMSNorm / Gemma4RMSNorm (scale_shift 0): float32, x / rms * w
+        xf = x.float()
+        xf = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + eps, -0.5)
+        return (xf if weight is None else xf * weight.float()).to(dt)
+
+    def rope(x, theta):  # neox: pairs (j, j + HD/2)
+        inv = 1.0 / (theta ** (torch.arange(0, HD, 2, dtype=torch.float32) / HD))
+        ang = pos.float()[:, None] * inv[None]
+        cos, sin = ang.cos()[None, :, None], ang.sin()[None, :, None]
+        x1, x2 = x[..., :HD // 2].float(), x[..., HD // 2:].float()
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).to(dt)
+
+    causal = keys[None, :] <= pos[:, None]
+    lo = pos - (window or cfg.sliding_window) + 1
+    if window is None:
+        lo = torch.where(pos < prefill, torch.zeros_like(pos), lo)
+    windowed = causal & (keys[None, :] >= lo[:, None])
+    x = w["model.embed_tokens.weight"][seqs] * math.sqrt(H)
+    for i, kind in enumerate(cfg.layer_types):
+        p = f"model.layers.{i}."
+        h = rms(x, w[p + "input_layernorm.weight"])
+        q = (h @ w[p + "self_attn.q_proj.weight"].T).view(B, m, NH, HD)
+        k = (h @ w[p + "self_attn.k_proj.weight"].T).view(B, m, NKV, HD)
+        v = (h @ w[p + "self_attn.v_proj.weight"].T).view(B, m, NKV, HD)
+        q, k, v = rms(q, w[p + "self_attn.q_norm.weight"]), rms(k, w[p + "self_attn.k_norm.weight"]), rms(v)
+        theta = cfg.rope_parameters[kind]["rope_theta"]
+        q, k = rope(q, theta), rope(k, theta)
+        if len(cache) <= i:
+            cache.append((k[:, :0], v[:, :0]))
+        k, v = torch.cat([cache[i][0], k], 1), torch.cat([cache[i][1], v], 1)
+        cache[i] = (k, v)
+        k, v = k.repeat_interleave(NH // NKV, 2), v.repeat_interleave(NH // NKV, 2)
+        s = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float())  # scaling 1.0
+        s = s.masked_fill(~(windowed if kind == "sliding_attention" else causal), float("-inf"))
+        o = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v.float()).to(dt).reshape(B, m, NH * HD)
+        o = o @ w[p + "self_attn.o_proj.weight"].T
+        x = (x.float() + rms(o, w[p + "post_attention_layernorm.weight"]).float()).to(dt)
+        h = rms(x, w[p + "pre_feedforward_layernorm.weight"])
+        g, u = h @ w[p + "mlp.gate_proj.weight"].T, h @ w[p + "mlp.up_proj.weight"].T
+        f = (torch.nn.functional.gelu(g.float(), approximate="tanh") * u.float()).to(dt) @ w[p + "mlp.down_proj.weight"].T
+        x = ((x.float() + rms(f, w[p + "post_feedforward_layernorm.weight"]).float()) * w[p + "layer_scalar"].float()).to(dt)
+    return (rms(x, w["model.norm.weight"]) @ w["lm_head.weight"].T).float()
+
+
+def gemma4_sglang_greedy(target, reqs: list, max_new: int, dtype=None, window: int = None) -> list:
+    """Greedy continuations under gemma4_sglang_logits (``target``: a checkpoint directory or
+    a weight dict): the prompt one extend, every new token a decode step, as on a server
+    that neither retracts nor chunks the request (a retracted request's re-prefill is an
+    extend again; make_gemma4_pair's target gives the same tokens either way)."""
+    import torch
+
+    if isinstance(target, str):
+        from safetensors.torch import load_file
+
+        target = load_file(os.path.join(target, "model.safetensors"))
+    target = {k: v.to(dtype or torch.float32) for k, v in target.items()}
+    torch.set_num_threads(min(4, torch.get_num_threads()))  # beside the servers' start-up
+    ids, cache, outs = torch.tensor(reqs), [], []
+    with torch.no_grad():
+        for _ in range(max_new):
+            ids = gemma4_sglang_logits(target, ids, len(reqs[0]), dtype, window, cache)[:, -1].argmax(-1, keepdim=True)
+            outs.append(ids)
+    return torch.cat(outs, 1).tolist()
+
+
 def scenario_fi_verify(out, _target, _draft):
-    """flashinfer_swa_verify on a real server, CUDA graphs on: a tiny hybrid-SWA Gemma4
-    (make_gemma4_pair; GPT-OSS is refused with flashinfer) on --attention-backend flashinfer,
-    EAGLE (plain: 0.5.11's Gemma4 is no EAGLE3 target, and needs the test-side accessor
-    GEMMA4_EAGLE_SHIM even for EAGLE, on every server's PYTHONPATH, spec or not), 32 prompts
-    of 100 tokens (window 16), 48 new tokens, greedy, 32 at once. Judged against ``ref``
-    (no spec, plugin on). Rows: k1/k2 = topk 1 (3 steps, 4 draft tokens) / topk 2 (4 draft
-    tokens), _on/_off = plugin loaded or not (without it 0.5.10-0.5.13 fail at start-up with a
-    TypeError: ``prefix_lens`` None); k1_nohy_on: --disable-hybrid-swa-memory with the plugin,
-    the accept-length reference; nospec_nohy: no spec on that pool (rounding between the two
-    pool layouts); k1_on_eager: graphs off. Output equality is limited by the rounding that
-    nospec_nohy shows; accept length of k1_on must equal k1_nohy_on's."""
+    """flashinfer_swa_verify on a real server, CUDA graphs on: the tiny hybrid-SWA Gemma4 of
+    make_gemma4_pair (GPT-OSS is refused with flashinfer; its sliding layers decide most
+    next-token choices with margins bf16 cannot flip; its real-weight EAGLE draft is accepted
+    often) on --attention-backend flashinfer, EAGLE (plain: 0.5.11's Gemma4 is no EAGLE3
+    target, and needs the test-side accessor GEMMA4_EAGLE_SHIM even for EAGLE, on every
+    server's PYTHONPATH, spec or not), 32 prompts of 100 tokens (window 16), 48 new tokens,
+    greedy, 32 at once. Judged against ``ref`` (no spec, hybrid pool, plugin on). Rows:
+    nospec_nohy: no spec on one pool (--disable-hybrid-swa-memory), the control (rounding
+    between two supported paths); k1/k2 = topk 1 (3 steps, 4 draft tokens) / topk 2 (3 steps,
+    4 draft tokens), _on/_off = plugin loaded or not (without it 0.5.10-0.5.13 fail at start-up
+    with a TypeError: ``prefix_lens`` None); k1_nohy_on: --disable-hybrid-swa-memory with the
+    plugin, the accept-length reference; k1_on_eager: graphs off (secondary row). Also the
+    float32 CPU greedy output of sglang's math (``cpu_float32``: gemma4_sglang_logits, windowless
+    prefill, windowed decode) and of transformers (``cpu_transformers``, window everywhere;
+    equal to cpu_float32 for this target) against ``ref``.
+    Proof: nospec_nohy and cpu_float32 equal ref (32/32: the margins hold); k1_on, k2_on and
+    k1_on_eager equal ref 32/32; k1_on's accept length equals k1_nohy_on's (same draft, same
+    proposals: equal to the last digit when the outputs are equal) and is well above 1 (CPU:
+    about 2.4: tests/gpu/gemma4_margin_check.py)."""
     target, draft, shim = make_gemma4_pair(tempfile.mkdtemp(prefix="swa_fi_"))
     reqs = prompts(32, 100, seed=7)
     common = BASE + ["--model-path", target, "--attention-backend", "flashinfer"]
     spec = lambda topk: ["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", draft,
-                         "--speculative-draft-load-format", "dummy", "--speculative-eagle-topk", str(topk),
-                         "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
+                         "--speculative-eagle-topk", str(topk), "--speculative-num-steps", "3",
+                         "--speculative-num-draft-tokens", "4"]
     pp = os.pathsep.join(filter(None, [shim, os.environ.get("PYTHONPATH")]))
     on, off = {**ON, "PYTHONPATH": pp}, {**OFF, "PYTHONPATH": pp}
     nohy = ["--disable-hybrid-swa-memory"]
@@ -834,15 +1106,36 @@ def scenario_fi_verify(out, _target, _draft):
         "k2_off": (common + spec(2), off), "k2_on": (common + spec(2), on),
         "k1_nohy_on": (common + spec(1) + nohy, on), "k1_on_eager": (eager(common + spec(1)), on),
     }
-    res = run_many({k: (f"fi_{k}", out, args, env, reqs, 48) for k, (args, env) in rows.items()})
+    runs = {k: (f"fi_{k}", out, args, env, reqs, 48) for k, (args, env) in rows.items()}
+    with ThreadPoolExecutor(2) as ex:  # beside the servers, on the CPU
+        cpu = {"cpu_float32": ex.submit(gemma4_sglang_greedy, target, reqs, 48),
+               "cpu_transformers": ex.submit(gemma4_cpu_greedy, target, reqs, 48)}
+        res = run_many(runs)
+        cpu_out = {}
+        for name, fut in cpu.items():
+            try:
+                cpu_out[name] = {"name": name, "outputs": fut.result()}
+            except Exception as err:  # noqa: BLE001 - the server rows stand without it
+                cpu_out[name] = {"name": name, "error": f"{type(err).__name__}: {err}"}
     for k, r in res.items():
         log = os.path.join(out, f"fi_{k}.log")
         lines = open(log, errors="replace").read().splitlines() if os.path.exists(log) else []
         r["type_errors"] = [l[-240:] for l in lines if "TypeError" in l][:3]
+        # a retracted request is prefilled again: its sliding layers then run without window
+        retract = [l.split("#new_token_ratio")[0] for l in lines if "Retract requests" in l]
+        r["retracted_requests"] = sum(int(re.search(r"#retracted_reqs: (\d+)", l).group(1)) for l in retract
+                                      if re.search(r"#retracted_reqs: (\d+)", l))
+        r["retractions"] = [l[-60:] for l in retract][:12]
         r["plugin_log"] = [l[-160:] for l in r.get("plugin_log", []) if "flashinfer" in l or "swa_verify" in l][:4]
+    res.update(cpu_out)
     res["reference_distinct_outputs"] = len({tuple(o) for o in res["ref"].get("outputs") or [] if o})
     res["accept_length"] = {k: r.get("accept_length") for k, r in res.items() if isinstance(r, dict) and "name" in r}
-    return {**res, **judged({k: v for k, v in res.items() if isinstance(v, dict) and "name" in v}, "ref")}
+    judge = judged({k: v for k, v in res.items() if isinstance(v, dict) and "name" in v}, "ref")
+    cmp = compare(res["k1_on"].get("outputs") or [], res["k1_nohy_on"].get("outputs") or [])
+    judge["k1_on_vs_k1_nohy_on"] = {**cmp, "bands": first_divergences(cmp)}
+    res["identical_of_32"] = {k[:-len("_vs_ref")]: v["identical_requests"] for k, v in judge.items() if k.endswith("_vs_ref")}
+    return {**res, **judge}
+
 
 SETTINGS = {"off": OFF, "on": ON, "guard": {**ON, "SGLANG_SWA_PLUGIN_GUARD": "1"}}
 
@@ -890,7 +1183,7 @@ def _summary(res: dict) -> dict:
         elif isinstance(v, dict) and "name" in v:
             summary[k] = {x: v.get(x) for x in ("accept_length", "cuda_graph", "crash", "error", "startup_s", "errors",
                                                 "assertions", "round_tok_per_s", "steps_with_index_spaces_apart",
-                                                "guard_message", "illegal_memory_access", "assert_lines", "verify_fix_log") if v.get(x) not in (None, [], False)}
+                                                "guard_message", "illegal_memory_access", "assert_lines", "verify_fix_log", "retracted_requests") if v.get(x) not in (None, [], False)}
             summary[k]["plugin_log"] = [l[-110:] for l in v.get("plugin_log", [])
                                         if "trtllm_xqa" in l or "guard" in l or "fa3_local_attn" in l or "flashinfer" in l][:2]
         elif isinstance(v, dict):

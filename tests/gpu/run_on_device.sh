@@ -38,9 +38,11 @@ for step in "$@"; do
       PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-400} python3 tests/benchmarks/bench_flashinfer_verify_gpu.py ${ITERS:-300} 2>&1 | tee "$OUT/bench_fi.log" | grep -E "BENCH_FI|Error" ;;
     trtllm_eagle_accept|xqa_verify|fa3_seq|fa3_eagle3|fa3_control|cost)
       PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-560} python3 tests/gpu/e2e_server.py $step --out "$OUT" ;;
-    fi_verify)  # 8 servers: side by side as in the servers step
+    fi_verify)  # issue #17: 8 servers side by side (make_gemma4_pair's readout target + real EAGLE draft), and the
+                # target's float32 greedy output on the CPU under sglang's math (cpu_float32) and transformers'
+                # (cpu_transformers); fi_verify.json + fi_*.log in $OUT
       PARALLEL=${PARALLEL:-8} MEM_FRACTION=${MEM_FRACTION:-0.8} PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-560} \
-        python3 tests/gpu/e2e_server.py fi_verify --out "$OUT" ;;
+        python3 tests/gpu/e2e_server.py fi_verify --out "$OUT" 2>&1 | tail -3 ;;
     fp8)
       PYTHONPATH=/root/fi:/root/site timeout ${STEP_TIMEOUT:-400} python3 tests/gpu/fp8_xqa_probe.py --json "$OUT/fp8_xqa.json" ;;
     fp8w)  # the plugin's calls and the sanity cases again on a sliding-window layer

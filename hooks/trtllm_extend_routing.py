@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import ast
 import inspect
-from typing import Any, Callable, List, Sequence, Tuple
+from typing import Any, Callable, Sequence
 
 from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, hookimpl
 from sglang_swa_plugin.probe import callee, function_text, optional_module, own_function, swapped
@@ -108,19 +108,28 @@ def _ragged(r: Reading, body: Sequence[ast.AST]) -> bool:
 def uniform_v2_metadata(cls: type) -> bool:
     """The backend's own CUDA-graph metadata (methods of the classes of its module; the
     flashinfer base class has its own graph path) has a DRAFT_EXTEND_V2 branch, and none of
-    them is built from the accepted lengths (#25002)."""
-    seen = set()
-    branches: List[Tuple[Reading, Sequence[ast.AST]]] = []
+    them is built from the accepted lengths (#25002). Only methods whose text names
+    ``is_draft_extend_v2`` can hold such a branch and only those naming ``cumsum`` a ragged
+    one: these are all parsed; of the others, only as many as it takes to find a branch."""
+    seen, methods = set(), []
     for klass in (k for k in cls.__mro__ if k.__module__ == cls.__module__):
         for name, raw in vars(klass).items():
             if "cuda_graph" not in name or name in seen or not inspect.isfunction(getattr(raw, "__func__", raw)):
                 continue
             seen.add(name)
-            if V2_TEST not in function_text(raw):  # no V2 branch possible: skip the parse
-                continue
-            tree = syntax(raw)
-            branches += [(reading(tree), body) for body in v2_branches(tree)]
-    return bool(branches) and not any(_ragged(r, body) for r, body in branches)
+            text = function_text(raw)
+            if V2_TEST in text:  # no V2 branch possible otherwise: no parse
+                methods.append((raw, "cumsum" in text))
+    found = False
+    for raw, may_be_ragged in sorted(methods, key=lambda m: not m[1]):
+        if found and not may_be_ragged:
+            break  # can neither add a ragged branch nor change that one exists
+        tree = syntax(raw)
+        bodies = list(v2_branches(tree))
+        found = found or bool(bodies)
+        if may_be_ragged and any(_ragged(reading(tree), body) for body in bodies):
+            return False
+    return found
 
 
 def classify() -> Detection:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import pluggy
@@ -193,13 +194,44 @@ class Fix:
         return f"<fix {self.name}>"
 
 
+_NOT_IMPORTED = object()
+
+
+def _resolve_imported(target: str) -> Any:
+    """``pkgutil.resolve_name(target)`` without its import attempts, where they cannot change
+    the answer: every dotted prefix up to the longest one that is an imported module is in
+    ``sys.modules`` and that longest one is a plain module (no ``__path__``). resolve_name
+    would import those (found in ``sys.modules``), fail to import ``<prefix>.<next name>``
+    (not a package; ~0.1 ms per failed import) and look the rest up as attributes, as here.
+    Else ``_NOT_IMPORTED`` (the caller asks resolve_name)."""
+    import sys
+
+    parts = target.split(".")
+    if not all(p.isidentifier() for p in parts):  # resolve_name's own format check, its ":" form
+        return _NOT_IMPORTED
+    for i in range(len(parts) - 1, 0, -1):
+        mod = sys.modules.get(".".join(parts[:i]))
+        if mod is None:
+            continue
+        if (not isinstance(mod, ModuleType) or hasattr(mod, "__path__")
+                or getattr(getattr(mod, "__spec__", None), "_initializing", False)
+                or any(not isinstance(sys.modules.get(".".join(parts[:j])), ModuleType) for j in range(1, i))):
+            return _NOT_IMPORTED
+        obj = mod
+        for name in parts[i:]:
+            obj = getattr(obj, name)
+        return obj
+    return _NOT_IMPORTED
+
+
 def resolve(target: str) -> Any:
     """Resolve a dotted target the way sglang's HookRegistry does, raising
     TargetMissing instead of ImportError/AttributeError."""
     import pkgutil
 
     try:
-        return pkgutil.resolve_name(target)
+        found = _resolve_imported(target)
+        return found if found is not _NOT_IMPORTED else pkgutil.resolve_name(target)
     except (ImportError, AttributeError, ValueError) as e:
         raise TargetMissing(target, f"{type(e).__name__}: {e}") from None
     except Exception as e:  # noqa: BLE001 - a module that fails to import (e.g. a CUDA-only binary)

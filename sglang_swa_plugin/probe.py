@@ -78,7 +78,7 @@ def function_source(fn: Any) -> str:
     return function_tree(fn)[1]
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=256)
 def _span(fn: Any) -> "tuple[Optional[str], Optional[Exception]]":
     import linecache
 
@@ -86,16 +86,31 @@ def _span(fn: Any) -> "tuple[Optional[str], Optional[Exception]]":
     if code is None or not hasattr(code, "co_positions"):
         return None, ValueError("no code positions")
     try:
-        lines = linecache.getlines(code.co_filename)
+        lines = linecache.getlines(code.co_filename)  # each file read once per process
+        first = code.co_firstlineno - 1
         end = max(e or 0 for c in _code_objects(code) for _, e, _, _ in c.co_positions())
-        return textwrap.dedent("".join(lines[code.co_firstlineno - 1:end])), None
+        if not lines or end <= first or end > len(lines):
+            raise ValueError("code positions outside the file")
+        # Lines that carry no instruction of their own but belong to the function's block
+        # (a closing bracket on a line of its own, a trailing bare string or comment):
+        # everything indented deeper than the def up to the next line that is not.
+        indent = len(lines[first]) - len(lines[first].lstrip())
+        last = end
+        while end < len(lines):
+            text = lines[end].strip()
+            if text and not text.startswith("#") and len(lines[end]) - len(lines[end].lstrip()) <= indent:
+                break
+            end += 1
+            if text:
+                last = end
+        return textwrap.dedent("".join(lines[first:last])), None
     except (ValueError, TypeError) as e:
         return None, e
 
 
 def _span_text(fn: Any) -> str:
-    """The lines of ``fn``'s file that its code objects span (decorators included), cut
-    once per function (shared by ``function_text`` and ``function_tree``)."""
+    """The lines of ``fn``'s file that its block spans (decorators included), cut once per
+    function (shared by ``function_text``, ``function_tree`` and ``normalized_source``)."""
     src, err = _span(fn)
     if err is not None:
         raise err
@@ -103,16 +118,18 @@ def _span_text(fn: Any) -> str:
 
 
 def function_text(fn: Any) -> str:
-    """The text of a function, cheaply and unparsed: for pre-filtering by a name before a
-    parse (a superset check: a name absent here is absent from the function)."""
+    """The text of a function, cheaply and unparsed (wrappers looked through): what a fix
+    should search with ``in`` or a regular expression, and the pre-filter before a parse
+    (a name absent here is absent from the function). Falls back to ``inspect.getsource``
+    where the code's positions are not available."""
     fn = inspect.unwrap(getattr(fn, "__func__", fn))
     try:
         return _span_text(fn)
     except (ValueError, TypeError):
-        return function_source(fn)
+        return textwrap.dedent(inspect.getsource(fn))
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=256)
 def _function_tree(fn: Any) -> "tuple[Any, str]":
     import ast
 
@@ -161,9 +178,16 @@ def normalized_source(obj: Any) -> str:
     """Source of a function/method/class with comments dropped and all whitespace folded,
     so that formatting changes do not change the verdict."""
     obj = inspect.unwrap(getattr(obj, "__func__", obj))
-    src = function_source(obj) if inspect.isfunction(obj) else textwrap.dedent(inspect.getsource(obj))
-    src = re.sub(r"#[^\n]*", "", src)
-    return re.sub(r"\s+", " ", src)
+    src = function_text(obj) if inspect.isfunction(obj) else textwrap.dedent(inspect.getsource(obj))
+    return _normalized(src)
+
+
+@functools.lru_cache(maxsize=256)
+def _normalized(src: str) -> str:
+    return _SPACE.sub(" ", _COMMENT.sub("", src))
+
+
+_COMMENT, _SPACE = re.compile(r"#[^\n]*"), re.compile(r"\s+")
 
 
 def compact(text: str) -> str:

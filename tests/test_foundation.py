@@ -298,6 +298,38 @@ def test_function_source_equals_inspect_getsource_on_sglang_functions():
         assert ast.dump(ast.parse(function_source(fn))) == want, fn.__qualname__
 
 
+SOURCE_READ_MODULES = ("trtllm_mha_backend", "flashinfer_backend", "flashattention_backend", "triton_backend")
+
+
+def test_function_text_equals_inspect_getsource_on_sglang_functions():
+    """The unparsed text that detection searches (``function_text``, ``normalized_source``)
+    is, comments and spacing aside, ``inspect.getsource``'s, for every function of the
+    attention backends the fixes read (no parse behind it to catch a short cut)."""
+    import inspect
+    import re
+
+    from sglang_swa_plugin.probe import function_text, normalized_source, optional_module
+
+    def folded(src):
+        return re.sub(r"\s+", " ", re.sub(r"#[^\n]*", "", src))
+
+    fns = []
+    for name in SOURCE_READ_MODULES:
+        mod = optional_module(f"sglang.srt.layers.attention.{name}")
+        for k in vars(mod).values() if mod is not None else ():
+            if isinstance(k, type) and k.__module__ == mod.__name__:
+                fns += [inspect.unwrap(getattr(f, "__func__", f)) for f in vars(k).values()
+                        if inspect.isfunction(getattr(f, "__func__", f))]
+    assert len(fns) >= 50
+    for fn in fns:
+        try:
+            want = folded(textwrap.dedent(inspect.getsource(fn)))
+        except OSError:  # generated (a dataclass's __init__): no file to read
+            continue
+        assert folded(function_text(fn)) == want, fn.__qualname__
+        assert normalized_source(fn) == want, fn.__qualname__
+
+
 def test_check_reports_an_opt_in_fix_that_is_off_as_off(monkeypatch):
     from sglang_swa_plugin.cli import check_report
 

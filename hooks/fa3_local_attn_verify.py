@@ -200,6 +200,15 @@ def graph_api(cls) -> str:
     return "out_graph" if own_function(cls, "init_forward_metadata_out_graph") is not None else "capture_replay"
 
 
+def installed_graph_api() -> str:
+    """graph_api of the installed FA3 backend; "capture_replay" where it cannot be imported
+    (the import failure is reported once, when the targets are resolved)."""
+    try:
+        return graph_api(target_class(CLASS))
+    except Exception:  # noqa: BLE001
+        return "capture_replay"
+
+
 def verify_builds_local(cls) -> bool:
     """Whether a target-verify branch of the CUDA-graph metadata methods calls local-attention
     metadata code."""
@@ -238,7 +247,7 @@ class Fa3LocalAttnVerifyFix(Fix):
 
     @property
     def targets(self):  # the CUDA-graph metadata API changed in 0.5.13
-        if graph_api(target_class(CLASS)) == "out_graph":
+        if installed_graph_api() == "out_graph":
             return (STATE, OUT_GRAPH)
         return (STATE, CAPTURE, REPLAY)
 
@@ -255,7 +264,7 @@ class Fa3LocalAttnVerifyFix(Fix):
 
     def install(self, hooks) -> None:
         hooks.around(STATE, _state_with_verify_buffers)
-        if graph_api(target_class(CLASS)) == "out_graph":
+        if installed_graph_api() == "out_graph":
             hooks.around(OUT_GRAPH, _out_graph_with_local)
         else:
             hooks.around(CAPTURE, _capture_with_local)

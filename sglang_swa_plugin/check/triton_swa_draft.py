@@ -3,9 +3,11 @@ SWAKVPool whose full and SWA index spaces differ, real draft-extend ForwardBatch
 whose prefixes are longer and shorter than the window, and the Triton extend kernel recorded:
 which window KV indices a sliding-window layer's ``extend_attention_fwd`` call receives, eager
 (DRAFT_EXTEND, where the release runs it through its own branch), at CUDA-graph capture and
-at replay (DRAFT_EXTEND_V2, a second batch after the capture). Right: for each request, the
-last ``min(L, window)`` keys of the rail the full layers get (``L`` keys), in SWA space
-(``SWAKVPool.translate_loc_from_full_to_swa``), and the window offset ``L - min(L, window)``.
+at replay (DRAFT_EXTEND_V2, a second batch after the capture), and the multi-step draft decode
+(eager, capture, replay). Right: for each request, the last ``min(P, window)`` of its ``P``
+keys before the tokens being extended (decode step ``s``: the prefix and ``s + 1`` draft
+tokens), in SWA space (``SWAKVPool.translate_loc_from_full_to_swa``), and (extend) the window
+offset ``P - min(P, window)``.
 sglang's Triton gather runs as its torch twin (``flashinfer_swa_verify.KvIndicesTwin``).
 ``python -m sglang_swa_plugin.check.triton_swa_draft`` prints one JSON line."""
 
@@ -46,13 +48,46 @@ def cpu_triton(backend, calls: list):
         calls.append({k: clone(a.get(k)) for k in ("kv_indptr", "kv_indices", "window_kv_offsets",
                                                     "sliding_window_size")})
 
+    decode_signature = inspect.signature(backend.decode_attention_fwd)
+
+    def record_decode(*args, **kwargs):
+        a = decode_signature.bind(*args, **kwargs).arguments
+        calls.append({"kv_indptr": a["kv_indptr"].clone(),
+                      "kv_indices": a["kv_indices"].clone() if a["kv_indices"] is not None else None,
+                      "window_kv_offsets": None, "sliding_window_size": None})
+
     with contextlib.ExitStack() as stack:
         stack.enter_context(swapped(backend, "extend_attention_fwd", record))
+        stack.enter_context(swapped(backend, "decode_attention_fwd", record_decode))
         stack.enter_context(kernel_twins())
         mod = optional_module(MODULE)
         if not torch.cuda.is_available() and hasattr(mod, "create_flashinfer_kv_indices_triton"):
             stack.enter_context(swapped(mod, "create_flashinfer_kv_indices_triton", KvIndicesTwin()))
+        if not torch.cuda.is_available() and hasattr(mod, "generate_draft_decode_kv_indices"):
+            stack.enter_context(swapped(mod, "generate_draft_decode_kv_indices", DraftDecodeTwin()))
         yield
+
+
+class DraftDecodeTwin:
+    """``generate_draft_decode_kv_indices[grid](...)`` of 0.5.10-0.5.14 in torch (CPU only), for
+    topk 1 at page size 1: step ``s`` (``s + 1`` draft tokens) of request ``b`` reads
+    ``req_to_token[row, :seq_len + s + 1]``, packed at ``kv_indptr[s]``."""
+
+    def __getitem__(self, grid):
+        steps, num_seqs, topk = (int(g) for g in grid)
+        assert topk == 1, "the twin covers topk 1"
+
+        def run(req_pool_indices, req_to_token, seq_lens, kv_indices, kv_indptr, positions, pool_len,
+                kv_indices_stride, kv_indptr_stride, *rest):
+            for s in range(steps):
+                off = 0
+                kv_indptr[s, 0] = 0
+                for b in range(num_seqs):
+                    n = int(seq_lens[b]) + s + 1
+                    kv_indices[s, off:off + n] = req_to_token[int(req_pool_indices[b]), :n].to(kv_indices.dtype)
+                    off += n
+                    kv_indptr[s, b + 1] = off
+        return run
 
 
 def _no_decode_context_parallel():
@@ -63,6 +98,8 @@ def _no_decode_context_parallel():
         return contextlib.nullcontext()
     try:
         get_parallel().attn_dcp_rank
+        return contextlib.nullcontext()
+    except AttributeError:  # a release without decode context parallelism
         return contextlib.nullcontext()
     except Exception:  # noqa: BLE001 - "has not been written in this process"
         return get_parallel().override(attn_dcp_size=1, attn_dcp_rank=0)
@@ -141,9 +178,9 @@ def _run_layer(env, fb, calls: list):
     return calls[-1] if calls else {"error": "no extend kernel call"}
 
 
-def judge(env, call: dict, rail_lens: list) -> dict:
+def judge(env, call: dict, rail_lens: list, offsets: bool = True) -> dict:
     """Per request: the window keys the kernel got against the last ``min(L, window)`` keys of
-    the full rail (``rail_lens``), translated to SWA space, and the window offset."""
+    the full rail (``rail_lens``), translated to SWA space, and (extend) the window offset."""
     if "error" in call:
         return {"right": False, "why": call["error"]}
     indptr, indices, offsets = call["kv_indptr"], call["kv_indices"], call["window_kv_offsets"]
@@ -155,12 +192,8 @@ def judge(env, call: dict, rail_lens: list) -> dict:
         want = env.tb.translate(env.pool, env.runner.req_to_token_pool.req_to_token[row, n - w:n].long()).tolist()
         got = indices[int(indptr[b]):int(indptr[b + 1])].tolist()
         off = int(offsets[b]) if offsets is not None else None
-        per_req.append(got == want and off == n - w)
+        per_req.append(got == want and (off == n - w or not offsets))
     return {"right": all(per_req), "per_request": per_req}
-
-
-def _full_rail_lens(md, bs) -> list:
-    return (md.kv_indptr[1:bs + 1] - md.kv_indptr[:bs]).tolist()
 
 
 def eager(env) -> "dict | None":
@@ -177,7 +210,7 @@ def eager(env) -> "dict | None":
         fb = _batch(env, "draft_extend", PREFIXES, NUM_STEPS + 1)
         env.backend.init_forward_metadata(fb)
         call = _run_layer(env, fb, calls)
-        return judge(env, call, _full_rail_lens(env.backend.forward_metadata, len(PREFIXES)))
+        return judge(env, call, list(PREFIXES))
 
 
 def ast_dump(node) -> str:
@@ -211,7 +244,76 @@ def graph(env) -> dict:
                 captured = be.forward_metadata
             be.forward_metadata = captured
             call = _run_layer(env, fb, calls)
-            out[phase] = judge(env, call, _full_rail_lens(captured, bs))
+            out[phase] = judge(env, call, list(prefixes))
+    return out
+
+
+def _decode_call(env, backend, fb, calls: list):
+    """The sliding layer's forward_decode on one draft step's backend."""
+    torch, layer = env.torch, env.swa_layer
+    rows = fb.batch_size
+    q = torch.zeros(rows, layer.tp_q_head_num * layer.qk_head_dim)
+    k = torch.zeros(rows, layer.tp_k_head_num, layer.qk_head_dim)
+    v = torch.zeros(rows, layer.tp_v_head_num, layer.v_head_dim)
+    calls.clear()
+    try:
+        backend.forward_decode(q, k, v, layer, fb, save_kv_cache=False)
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}"[:200]}
+    return calls[-1] if calls else {"error": "no decode kernel call"}
+
+
+def _judge_steps(env, steps: list, prefixes) -> dict:
+    """Per draft step ``s``: the window the kernel got against the last ``min(L, window)`` keys
+    of ``L = prefix + s + 1`` (the committed prefix and the step's draft tokens), SWA space."""
+    per_step = [judge(env, call, [p + s + 1 for p in prefixes], offsets=False) for s, call in enumerate(steps)]
+    return {"right": all(x["right"] for x in per_step), "steps": per_step}
+
+
+def multi_step(env) -> dict:
+    """Multi-step draft decode (TritonMultiStepDraftBackend, topk 1, 3 steps): eager, at
+    CUDA-graph capture and at replay of a second batch on the captured metadata."""
+    from sglang_swa_plugin.probe import optional_module, swapped
+
+    from sglang_swa_plugin.hooks.triton_swa_draft import probe
+
+    tri, tb = optional_module(MODULE), env.tb
+    multi_cls = getattr(tri, "TritonMultiStepDraftBackend", None)
+    if multi_cls is None or probe(env.backend.__class__).get("decode"):
+        return {}  # no multi-step backend, or it builds its window rail itself (0.5.23+: no CPU twin here)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(tb._single_rank_parallel())
+        stack.enter_context(_no_decode_context_parallel())
+        if hasattr(tri, "get_attention_tp_size"):
+            stack.enter_context(swapped(tri, "get_attention_tp_size", lambda: 1))
+        multi = multi_cls(env.runner, 1, NUM_STEPS)
+    out, calls = {}, []
+    with contextlib.ExitStack() as stack:
+        for be in multi.attn_backends:
+            stack.enter_context(cpu_triton(be, calls))
+        fb = tb.make_forward_batch(env.runner, "draft_decode", req_pool_indices=env.rows, seq_lens=list(PREFIXES),
+                                   attn_backend=multi)
+        multi.init_forward_metadata(fb)
+        out["decode_eager"] = _judge_steps(env, [_decode_call(env, be, fb, calls) for be in multi.attn_backends],
+                                           PREFIXES)
+        multi.init_cuda_graph_state(4, 4)
+        captured = []
+        for phase, prefixes in (("decode_capture", PREFIXES), ("decode_replay", REPLAY_PREFIXES)):
+            fb = tb.make_forward_batch(env.runner, "draft_decode", req_pool_indices=env.rows,
+                                       seq_lens=list(prefixes), attn_backend=multi)
+            if hasattr(multi, "init_forward_metadata_out_graph"):  # 0.5.13+
+                multi.init_forward_metadata_out_graph(fb, **({"in_capture": True} if phase == "decode_capture" else {}))
+            elif phase == "decode_capture":
+                multi.init_forward_metadata_capture_cuda_graph(fb)
+            else:
+                multi.init_forward_metadata_replay_cuda_graph(fb, fb.batch_size)
+            if phase == "decode_capture":
+                captured = [be.forward_metadata for be in multi.attn_backends]
+            steps = []
+            for be, md in zip(multi.attn_backends, captured):
+                be.forward_metadata = md
+                steps.append(_decode_call(env, be, fb, calls))
+            out[phase] = _judge_steps(env, steps, prefixes)
     return out
 
 
@@ -226,7 +328,7 @@ def scenario() -> Outcome:
     if optional_module(MODULE) is None:
         raise ScenarioUnavailable(f"no Triton attention backend: {MODULE}")
     env = build()
-    seen = {"eager": eager(env), **graph(env)}
+    seen = {"eager": eager(env), **graph(env), **multi_step(env)}
     return Outcome(any(v is not None and not v["right"] for v in seen.values()), seen)
 
 

@@ -128,8 +128,11 @@ def fill_window(self, lens, req_pool_indices, bs: int, out=None, plan=None, inde
     return fn(**{p.name: values[p.name] for p in params if p.name in values})
 
 
+_signature = functools.lru_cache(maxsize=None)(inspect.signature)
+
+
 def _bound(original, args, kwargs) -> dict:
-    return inspect.signature(original).bind(*args, **kwargs).arguments
+    return _signature(original).bind(*args, **kwargs).arguments
 
 
 def _eager(original, self, forward_batch, *args, **kwargs):

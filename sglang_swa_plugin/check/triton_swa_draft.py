@@ -149,15 +149,20 @@ def _batch(env, mode, prefixes, extend):
     loc = torch.cat([t[p:p + extend] for t, p in zip(env.tokens, prefixes)])
     spec = None
     if mode == "draft_extend":
-        from sglang.srt.speculative.eagle_info import EagleDraftInput
+        import sglang.srt.speculative.eagle_info as eagle_info
 
+        # The draft-extend input (its own class from 0.5.12, EagleDraftInput before).
+        draft_input = next(c for c in (getattr(eagle_info, "EagleDraftExtendInput", None), eagle_info.EagleDraftInput)
+                               if c is not None and hasattr(c, "generate_attn_arg_prefill"))
         acc = torch.full((len(prefixes),), extend, dtype=torch.int32)
-        names = {f.name for f in dataclasses.fields(EagleDraftInput)}
-        if "num_accepted_tokens" in names:
-            spec = EagleDraftInput(num_accepted_drafts=acc - 1, num_accepted_tokens=acc,
-                                   num_accepted_drafts_cpu=(acc - 1).tolist(), num_accepted_tokens_cpu=acc.tolist())
-        else:  # 0.5.10: accept_length, tokens per request
-            spec = EagleDraftInput(accept_length=acc, accept_length_cpu=acc.tolist())
+        # The accepted-token fields as each release names them (tokens per request incl. the
+        # bonus token; drafts: one less).
+        names = {f.name for f in dataclasses.fields(draft_input)}
+        values = {"num_accepted_tokens": acc, "num_accept_tokens": acc, "accept_length": acc,
+                  "num_accepted_drafts": acc - 1, "num_correct_drafts": acc - 1}
+        fields = {k: v for k, v in values.items() if k in names}
+        fields.update({k + "_cpu": v.tolist() for k, v in list(fields.items()) if k + "_cpu" in names})
+        spec = draft_input(**fields)
     return env.tb.make_forward_batch(env.runner, mode, req_pool_indices=env.rows[: len(prefixes)], seq_lens=seq,
                                      out_cache_loc=loc, extend_seq_lens=[extend] * len(prefixes), spec_info=spec,
                                      num_tokens_per_req=extend, attn_backend=env.backend)

@@ -174,22 +174,42 @@ def window_of_rail(self, kv_indptr, kv_indices, bs: int, out_indptr, out_indices
     """A draft step's window rail from its full rail (``kv_indptr``/``kv_indices``: the
     committed prefix and the step's draft tokens, per branch): the last
     ``min(L, sliding_window_size)`` keys of each, in SWA space, packed at ``out_indptr``. Fixed
-    shapes (``bs * window`` slots), device ops only: capturable, no host-device sync."""
+    shapes (``bs * window`` slots), device ops only: capturable, no host-device sync.
+
+    Every gather is kept in range: sglang's rail kernel derives ``kv_indptr`` from the batch's
+    positions and fills ``kv_indices`` from ``seq_lens``; at CUDA-graph capture the two disagree
+    (the position buffer, shared by all batch sizes, was advanced by the warm-up runs of the
+    larger ones), so the rail may claim keys past the ``kv_indices`` slice, and a padded
+    row's slots need not be in the pool. Such slots read SWA slot 0 (the pool's padding slot),
+    where sglang's own kernels, reading through pointers, read whatever lies past the slice."""
     import torch
 
     w = self.sliding_window_size
     lens = kv_indptr[1 : bs + 1] - kv_indptr[:bs]
-    wl = torch.clamp(lens, max=w)
+    wl = torch.clamp(lens, min=0, max=w)
     out_indptr[1 : bs + 1] = torch.cumsum(wl, 0)
     slot = torch.arange(bs * w, device=kv_indptr.device, dtype=out_indptr.dtype)
     req = torch.clamp(torch.searchsorted(out_indptr[1 : bs + 1].contiguous(), slot, right=True), max=bs - 1)
-    src = kv_indptr[req] + lens[req] - wl[req] + (slot - out_indptr[req])
-    valid = slot < out_indptr[bs]
-    ids = kv_indices[torch.where(valid, src, torch.zeros_like(src)).long()].long()
-    translate = _translator(self)
+    src = (kv_indptr[req] + lens[req] - wl[req] + (slot - out_indptr[req])).long()
+    valid = (slot < out_indptr[bs]) & (src >= 0) & (src < kv_indices.shape[0])
+    ids = kv_indices[torch.where(valid, src, torch.zeros_like(src))].long()
+    translate, limit = _translator(self), _full_size(self)
+    if limit is not None:
+        valid &= (ids >= 0) & (ids < limit)
+    ids = torch.where(valid, ids, torch.zeros_like(ids))
     if translate is not None:
         ids = translate(ids).long()
     out_indices[: bs * w] = torch.where(valid, ids, torch.zeros_like(ids))
+
+
+def _full_size(self) -> "int | None":
+    """How many full-pool slots the full->SWA mapping covers (None: no mapping found)."""
+    for obj in (getattr(self, "token_to_kv_pool", None), getattr(self, "token_to_kv_pool_allocator", None)):
+        for o in (obj, getattr(obj, "_kvcache", None)):
+            mapping = getattr(o, "full_to_swa_index_mapping", None)
+            if mapping is not None:
+                return mapping.shape[0]
+    return None
 
 
 def _step_capture(self, spec_info, bs: int) -> None:

@@ -71,7 +71,10 @@ def cpu_triton(backend, calls: list):
 class DraftDecodeTwin:
     """``generate_draft_decode_kv_indices[grid](...)`` of 0.5.10-0.5.14 in torch (CPU only), for
     topk 1 at page size 1: step ``s`` (``s + 1`` draft tokens) of request ``b`` reads
-    ``req_to_token[row, :seq_len + s + 1]``, packed at ``kv_indptr[s]``."""
+    ``req_to_token[row, :seq_len + s + 1]``, packed from ``seq_lens``; ``kv_indptr[s]``, as the
+    kernel does, from ``positions`` (``sum(positions[:b]) + b * (s + 1)``): the two agree where
+    positions are the draft tokens' (``seq_lens``), not on a CUDA-graph capture whose position
+    buffer the warm-up runs of a larger batch advanced."""
 
     def __getitem__(self, grid):
         steps, num_seqs, topk = (int(g) for g in grid)
@@ -86,7 +89,7 @@ class DraftDecodeTwin:
                     n = int(seq_lens[b]) + s + 1
                     kv_indices[s, off:off + n] = req_to_token[int(req_pool_indices[b]), :n].to(kv_indices.dtype)
                     off += n
-                    kv_indptr[s, b + 1] = off
+                    kv_indptr[s, b + 1] = int(positions[: b + 1].sum()) + (b + 1) * (s + 1)
         return run
 
 
@@ -275,37 +278,73 @@ def _judge_steps(env, steps: list, prefixes) -> dict:
     return {"right": all(x["right"] for x in per_step), "steps": per_step}
 
 
-def multi_step(env) -> dict:
-    """Multi-step draft decode (TritonMultiStepDraftBackend, topk 1, 3 steps): eager, at
-    CUDA-graph capture and at replay of a second batch on the captured metadata."""
+def _decode_batch(env, multi, prefixes, advance: int = 0):
+    """A multi-step draft-decode batch; positions are the draft tokens' (``seq_lens``), as
+    sglang's draft decode has them, or ``advance`` past them."""
+    fb = env.tb.make_forward_batch(env.runner, "draft_decode", req_pool_indices=env.rows[: len(prefixes)],
+                                   seq_lens=list(prefixes), attn_backend=multi)
+    fb.positions = fb.seq_lens.clone() + advance
+    return fb
+
+
+def _multi(env):
     from sglang_swa_plugin.probe import optional_module, swapped
 
-    from sglang_swa_plugin.hooks.triton_swa_draft import probe
-
     tri, tb = optional_module(MODULE), env.tb
-    multi_cls = getattr(tri, "TritonMultiStepDraftBackend", None)
-    if multi_cls is None or probe(env.backend.__class__).get("decode"):
-        return {}  # no multi-step backend, or it builds its window rail itself (0.5.23+: no CPU twin here)
     with contextlib.ExitStack() as stack:
         stack.enter_context(tb._single_rank_parallel())
         stack.enter_context(_no_decode_context_parallel())
         if hasattr(tri, "get_attention_tp_size"):
             stack.enter_context(swapped(tri, "get_attention_tp_size", lambda: 1))
-        multi = multi_cls(env.runner, 1, NUM_STEPS)
+        return getattr(tri, "TritonMultiStepDraftBackend")(env.runner, 1, NUM_STEPS)
+
+
+def stale_capture(env, advance: int = 4) -> dict:
+    """Multi-step draft-decode CUDA-graph capture of a smaller batch after a larger one: the
+    warm-up runs of the larger capture advanced the shared position buffer (each draft step
+    adds one), so sglang's rail kernel writes a ``kv_indptr`` longer than the ``kv_indices``
+    slice it hands each step. ``error``: what the window build raised (an index out of range:
+    a device-side assert on a GPU); else the window indices the steps got."""
+    multi = _multi(env)
+    multi.init_cuda_graph_state(4, 4)
+    calls = []
+    with contextlib.ExitStack() as stack:
+        for be in multi.attn_backends:
+            stack.enter_context(cpu_triton(be, calls))
+        fb = _decode_batch(env, multi, PREFIXES[:2], advance)
+        try:
+            if hasattr(multi, "init_forward_metadata_out_graph"):  # 0.5.13+
+                multi.init_forward_metadata_out_graph(fb, in_capture=True)
+            else:
+                multi.init_forward_metadata_capture_cuda_graph(fb)
+        except (IndexError, RuntimeError) as e:
+            return {"error": f"{type(e).__name__}: {e}"[:200]}
+    return {"windows": [be.forward_metadata.window_kv_indices for be in multi.attn_backends]}
+
+
+def multi_step(env) -> dict:
+    """Multi-step draft decode (TritonMultiStepDraftBackend, topk 1, 3 steps): eager, at
+    CUDA-graph capture and at replay of a second batch on the captured metadata."""
+    from sglang_swa_plugin.probe import optional_module
+
+    from sglang_swa_plugin.hooks.triton_swa_draft import probe
+
+    multi_cls = getattr(optional_module(MODULE), "TritonMultiStepDraftBackend", None)
+    if multi_cls is None or probe(env.backend.__class__).get("decode"):
+        return {}  # no multi-step backend, or it builds its window rail itself (0.5.23+: no CPU twin here)
+    multi = _multi(env)
     out, calls = {}, []
     with contextlib.ExitStack() as stack:
         for be in multi.attn_backends:
             stack.enter_context(cpu_triton(be, calls))
-        fb = tb.make_forward_batch(env.runner, "draft_decode", req_pool_indices=env.rows, seq_lens=list(PREFIXES),
-                                   attn_backend=multi)
+        fb = _decode_batch(env, multi, PREFIXES)
         multi.init_forward_metadata(fb)
         out["decode_eager"] = _judge_steps(env, [_decode_call(env, be, fb, calls) for be in multi.attn_backends],
                                            PREFIXES)
         multi.init_cuda_graph_state(4, 4)
         captured = []
         for phase, prefixes in (("decode_capture", PREFIXES), ("decode_replay", REPLAY_PREFIXES)):
-            fb = tb.make_forward_batch(env.runner, "draft_decode", req_pool_indices=env.rows,
-                                       seq_lens=list(prefixes), attn_backend=multi)
+            fb = _decode_batch(env, multi, prefixes)
             if hasattr(multi, "init_forward_metadata_out_graph"):  # 0.5.13+
                 multi.init_forward_metadata_out_graph(fb, **({"in_capture": True} if phase == "decode_capture" else {}))
             elif phase == "decode_capture":

@@ -877,6 +877,16 @@ def scenario_triton_mtp(out, _target, _draft):
                      two decode steps, eager-built rails captured in the draft CUDA graphs).
       mle_on_eager   mle_on with --disable-cuda-graph (eager DRAFT_EXTEND_V2 runs as EXTEND, which
                      builds its window in every release).
+      mle_off_eager  the same without the plugin: sglang alone on its eager path (the plugin's
+                     draft-extend hooks do nothing there on 0.5.11), to tell whether an illegal
+                     memory access there is sglang's own.
+    Controls (paths upstream runs without the plugin's Triton fix):
+      ref_fa3        no spec on --attention-backend fa3: the rounding between the two backends.
+      mle_fa3_nohy_off / n3_fa3_nohy_off  the spec runs on fa3 with --disable-hybrid-swa-memory,
+                     plugin off (one pool, no index translation: correct by construction); the
+                     spec rows are judged against them too (``*_vs_mle_fa3``/``*_vs_n3_fa3``).
+      mle_on_nohy    mle_on with --disable-hybrid-swa-memory: the plugin's windows without any
+                     full->SWA translation (tells a translation error from a window error).
     Without the plugin (0.5.10-0.5.22) the draft-extend graph capture hands the sliding layer
     ``kv_indices=None``: a Triton compile error, the server does not start (``error``). With
     it every request completes and the greedy outputs equal ``ref``'s."""
@@ -889,9 +899,15 @@ def scenario_triton_mtp(out, _target, _draft):
                                         "--speculative-num-steps", str(steps),
                                         "--speculative-num-draft-tokens", str(tokens)]
     mle, n1, n3 = spec("EAGLE", 3, 4), spec("NEXTN", 1, 2), spec("NEXTN", 3, 4)
+    nohy = ["--disable-hybrid-swa-memory"]
+    fa3 = [a if a != "triton" else "fa3" for a in common]
+    blocking = {"CUDA_LAUNCH_BLOCKING": "1"}  # eager rows: an illegal access names its own kernel
     rows = {"ref": (common, ON), "mle_off": (common + mle, OFF), "mle_on": (common + mle, ON),
-            "n1_off": (common + n1, OFF), "n1_on": (common + n1, ON), "n3_off": (common + n3, OFF),
-            "n3_on": (common + n3, ON), "mle_on_eager": (eager(common + mle), ON)}
+            "n1_on": (common + n1, ON), "n3_off": (common + n3, OFF),
+            "n3_on": (common + n3, ON), "mle_on_eager": (eager(common + mle), {**ON, **blocking}),
+            "mle_off_eager": (eager(common + mle), {**OFF, **blocking}), "ref_fa3": (fa3, ON),
+            "mle_fa3_nohy_off": (fa3 + mle + nohy, OFF), "n3_fa3_nohy_off": (fa3 + n3 + nohy, OFF),
+            "mle_on_nohy": (common + mle + nohy, ON)}
     res = run_many({k: (f"mtp_{k}", out, args, env, reqs, 48) for k, (args, env) in rows.items()})
     for k, r in res.items():
         log = os.path.join(out, f"mtp_{k}.log")
@@ -900,9 +916,21 @@ def scenario_triton_mtp(out, _target, _draft):
         r["illegal_memory_access"] = any("illegal memory access" in l for l in lines)
         r["multi_layer_eagle"] = any("multi-layer EAGLE" in l for l in lines)
         r["plugin_log"] = [l[-160:] for l in r.get("plugin_log", []) if "triton_swa_draft" in l][:3]
+        r["index_asserts"] = [l[-200:] for l in lines if "index out of bounds" in l][:2]
+        tb = max((i for i, l in enumerate(lines) if "Traceback" in l), default=None)
+        r["last_traceback"] = [l.strip()[-200:] for l in lines[tb:tb + 40] if 'File "' in l or "Error" in l][-14:] \
+            if tb is not None else []
     res["reference_distinct_outputs"] = len({tuple(o) for o in res["ref"].get("outputs") or [] if o})
     res["accept_length"] = {k: r.get("accept_length") for k, r in res.items() if isinstance(r, dict) and "name" in r}
-    return {**res, **judged({k: v for k, v in res.items() if isinstance(v, dict) and "name" in v}, "ref")}
+    runs = {k: v for k, v in res.items() if isinstance(v, dict) and "name" in v}
+    controls = {}
+    for ctl, keys in (("mle_fa3_nohy_off", ("mle_on", "mle_on_eager", "mle_off_eager", "mle_on_nohy", "n1_on")),
+                      ("n3_fa3_nohy_off", ("n3_on",))):
+        short = ctl.replace("_nohy_off", "")
+        for k in keys:
+            cmp = compare(runs[k].get("outputs") or [], runs[ctl].get("outputs") or [])
+            controls[f"{k}_vs_{short}"] = {**cmp, "bands": first_divergences(cmp)}
+    return {**res, **judged(runs, "ref"), **controls}
 
 
 SETTINGS = {"off": OFF, "on": ON, "guard": {**ON, "SGLANG_SWA_PLUGIN_GUARD": "1"}}

@@ -41,8 +41,8 @@ for step in "$@"; do
     fi_verify)  # 8 servers: side by side as in the servers step
       PARALLEL=${PARALLEL:-8} MEM_FRACTION=${MEM_FRACTION:-0.8} PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-560} \
         python3 tests/gpu/e2e_server.py fi_verify --out "$OUT" ;;
-    triton_mtp)  # issue #18: 8 servers side by side (tests/gpu/e2e_server.py triton_mtp)
-      PARALLEL=${PARALLEL:-8} MEM_FRACTION=${MEM_FRACTION:-0.8} PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-530} \
+    triton_mtp)  # issue #18: 12 servers side by side (tests/gpu/e2e_server.py triton_mtp)
+      PARALLEL=${PARALLEL:-12} MEM_FRACTION=${MEM_FRACTION:-0.8} PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-530} \
         python3 tests/gpu/e2e_server.py triton_mtp --out "$OUT" 2>&1 | tail -5 ;;
     fp8)
       PYTHONPATH=/root/fi:/root/site timeout ${STEP_TIMEOUT:-400} python3 tests/gpu/fp8_xqa_probe.py --json "$OUT/fp8_xqa.json" ;;

@@ -925,8 +925,9 @@ def scenario_triton_mtp(out, _target, _draft):
     runs = {k: v for k, v in res.items() if isinstance(v, dict) and "name" in v}
     controls = {}
     for ctl, keys in (("mle_fa3_nohy_off", ("mle_on", "mle_on_eager", "mle_off_eager", "mle_on_nohy", "n1_on")),
-                      ("n3_fa3_nohy_off", ("n3_on",))):
-        short = ctl.replace("_nohy_off", "")
+                      ("n3_fa3_nohy_off", ("n3_on",)), ("ref_fa3", ("mle_fa3_nohy_off", "n3_fa3_nohy_off")),
+                      ("mle_on_nohy", ("mle_on",))):
+        short = ctl.replace("_nohy_off", "")  # spec on fa3 vs no spec on fa3: rounding of spec alone
         for k in keys:
             cmp = compare(runs[k].get("outputs") or [], runs[ctl].get("outputs") or [])
             controls[f"{k}_vs_{short}"] = {**cmp, "bands": first_divergences(cmp)}

@@ -33,6 +33,9 @@ Scenarios:
                (make_gemma4_pair) and its real-weight EAGLE draft, topk 1/2 with and without the
                plugin, against no spec; control: no spec on one pool; accept length against
                the same spec run on one pool.
+  triton_mtp   issue #18 (triton_swa_draft): tiny MiMo-V2 target + MTP draft (a sliding-window
+               layer) on the Triton backend, multi-layer EAGLE and NEXTN, with and without the
+               plugin, against no spec.
   cost         decode throughput for COST_SETTINGS (plugin on / off / on with the guard),
                alternating, warm servers, several repetitions.
 Each scenario writes DIR/<scenario>.json and the server logs DIR/<run>.log.
@@ -1137,6 +1140,150 @@ def scenario_fi_verify(out, _target, _draft):
     return {**res, **judge}
 
 
+MIMO_WINDOW = 16  # sliding_window_size of the tiny MiMo-V2 (its MTP layer is a window layer too)
+MIMO_CONFIG_PY = """from transformers import PretrainedConfig
+
+
+class MiMoV2FlashConfig(PretrainedConfig):
+    model_type = "mimo_v2_flash"
+"""
+
+
+def mimo_v2_config(vocab: int = 2048, window: int = MIMO_WINDOW) -> dict:
+    """Tiny ``MiMoV2FlashForCausalLM`` (sglang 0.5.11 models/mimo_v2.py, text-only arch): 4 dense
+    layers (``moe_layer_freq`` all 0), ``hybrid_layer_pattern`` 1/0/1/0 (1: sliding window
+    ``window``, SWA pool), hidden 256, 4 heads, 2 KV heads, head_dim 64 on both layer kinds,
+    no attention sinks, one MTP layer (``num_nextn_predict_layers``; the draft arch becomes
+    ``MiMoV2MTP``, whose one layer is a sliding-window layer, layer 0 of its own SWA pool). The
+    config class comes with the checkpoint (``auto_map``, --trust-remote-code), as MiMo-V2-Flash's."""
+    return dict(
+        architectures=["MiMoV2FlashForCausalLM"], model_type="mimo_v2_flash",
+        auto_map={"AutoConfig": "configuration_mimo_v2_flash.MiMoV2FlashConfig"},
+        vocab_size=vocab, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+        hybrid_layer_pattern=[1, 0, 1, 0], sliding_window_size=window,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, v_head_dim=64,
+        swa_num_attention_heads=4, swa_num_key_value_heads=2, swa_head_dim=64, swa_v_head_dim=64,
+        attention_bias=False, add_swa_attention_sink_bias=False, add_full_attention_sink_bias=False,
+        rope_theta=10000.0, swa_rope_theta=10000.0, rope_scaling=None, partial_rotary_factor=1.0,
+        layernorm_epsilon=1e-5, hidden_act="silu", max_position_embeddings=4096,
+        moe_layer_freq=[0, 0, 0, 0], n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=256,
+        n_group=1, topk_group=1, norm_topk_prob=True, topk_method="greedy", num_nextn_predict_layers=1,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0, torch_dtype="bfloat16",
+    )
+
+
+def make_mimo_v2_target(root: str, seed: int = 18) -> str:
+    """The tiny MiMo-V2 target as a real checkpoint: random weights (std 0.1; embeddings +-1,
+    norms 1), every layer's attention o_proj scaled 0.1 (sliding) / 0.03 (full) and MLP down
+    projection 0.1, so the sliding layers weigh in its next-token choices. No MTP weights:
+    the draft is served with --speculative-draft-load-format dummy (the target's verify
+    decides the greedy output; the draft only has to run)."""
+    import torch
+    from safetensors.torch import save_file
+
+    cfg = mimo_v2_config()
+    H, V, FF, NH, NKV, HD = 256, cfg["vocab_size"], 512, 4, 2, 64
+    target = os.path.join(root, "mimo_v2_target")
+    os.makedirs(target, exist_ok=True)
+    with open(os.path.join(target, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    with open(os.path.join(target, "configuration_mimo_v2_flash.py"), "w") as f:
+        f.write(MIMO_CONFIG_PY)
+    with open(os.path.join(target, "generation_config.json"), "w") as f:
+        json.dump({}, f)
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda *shape, scale=0.1: (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16)
+    ones = lambda n: torch.ones(n, dtype=torch.bfloat16)
+    w = {"model.embed_tokens.weight": (torch.randint(0, 2, (V, H), generator=g) * 2 - 1).to(torch.bfloat16),
+         "model.norm.weight": ones(H), "lm_head.weight": rnd(V, H)}
+    for i, swa in enumerate(cfg["hybrid_layer_pattern"]):
+        p = f"model.layers.{i}."
+        w[p + "self_attn.q_proj.weight"] = rnd(NH * HD, H)
+        w[p + "self_attn.k_proj.weight"] = rnd(NKV * HD, H)
+        w[p + "self_attn.v_proj.weight"] = rnd(NKV * HD, H)
+        w[p + "self_attn.o_proj.weight"] = rnd(H, NH * HD, scale=0.1 * (0.1 if swa else 0.03))
+        w[p + "mlp.gate_proj.weight"] = rnd(FF, H)
+        w[p + "mlp.up_proj.weight"] = rnd(FF, H)
+        w[p + "mlp.down_proj.weight"] = rnd(H, FF, scale=0.01)
+        w[p + "input_layernorm.weight"] = ones(H)
+        w[p + "post_attention_layernorm.weight"] = ones(H)
+    save_file(w, os.path.join(target, "model.safetensors"))
+    return target
+
+
+def scenario_triton_mtp(out, _target, _draft):
+    """Issue #18 (triton_swa_draft): a tiny MiMo-V2 target (make_mimo_v2_target) with its MTP
+    draft (``MiMoV2MTP``: one sliding-window layer, dummy weights) on --attention-backend
+    triton, CUDA graphs on, a small SWA pool (BASE: --swa-full-tokens-ratio 0.1 of 4096),
+    32 prompts of 100 tokens (window 16), 48 new tokens, greedy, 32 at once. Rows (judged
+    against ``ref``: no speculative decoding, plugin on):
+      mle_{off,on}   --speculative-algorithm EAGLE: sglang turns on multi-layer EAGLE for MiMo-V2
+                     (MultiLayerEagleWorkerV2, 3 MTP steps, topk 1): the draft runs DRAFT_EXTEND_V2
+                     per step through the multi-layer draft-extend CUDA graphs.
+      n1_{off,on}    --speculative-algorithm NEXTN, 1 step (NEXTN becomes EAGLE only after sglang's
+                     MiMo-V2 adjustment: EAGLEWorkerV2, DRAFT_EXTEND_V2 through the draft-extend
+                     CUDA graph; no multi-step draft decode).
+      n3_{off,on}    NEXTN, 3 steps: also the multi-step draft decode (TritonMultiStepDraftBackend,
+                     two decode steps, eager-built rails captured in the draft CUDA graphs).
+      mle_on_eager   mle_on with --disable-cuda-graph (eager DRAFT_EXTEND_V2 runs as EXTEND, which
+                     builds its window in every release).
+      mle_off_eager  the same without the plugin: sglang alone on its eager path (the plugin's
+                     draft-extend hooks do nothing there on 0.5.11), to tell whether an illegal
+                     memory access there is sglang's own.
+    Controls (paths upstream runs without the plugin's Triton fix):
+      ref_fa3        no spec on --attention-backend fa3: the rounding between the two backends.
+      mle_fa3_nohy_off / n3_fa3_nohy_off  the spec runs on fa3 with --disable-hybrid-swa-memory,
+                     plugin off (one pool, no index translation: correct by construction); the
+                     spec rows are judged against them too (``*_vs_mle_fa3``/``*_vs_n3_fa3``).
+      mle_on_nohy    mle_on with --disable-hybrid-swa-memory: the plugin's windows without any
+                     full->SWA translation (tells a translation error from a window error).
+    Without the plugin (0.5.10-0.5.22) the draft-extend graph capture hands the sliding layer
+    ``kv_indices=None``: a Triton compile error, the server does not start (``error``). With
+    it every request completes and the greedy outputs equal ``ref``'s."""
+    target = make_mimo_v2_target(tempfile.mkdtemp(prefix="swa_mimo_"))
+    reqs = prompts(32, 100, seed=18)
+    common = BASE + ["--model-path", target, "--trust-remote-code", "--attention-backend", "triton",
+                     "--cuda-graph-max-bs", "32"]
+    spec = lambda algo, steps, tokens: ["--speculative-algorithm", algo, "--speculative-draft-model-path", target,
+                                        "--speculative-draft-load-format", "dummy", "--speculative-eagle-topk", "1",
+                                        "--speculative-num-steps", str(steps),
+                                        "--speculative-num-draft-tokens", str(tokens)]
+    mle, n1, n3 = spec("EAGLE", 3, 4), spec("NEXTN", 1, 2), spec("NEXTN", 3, 4)
+    nohy = ["--disable-hybrid-swa-memory"]
+    fa3 = [a if a != "triton" else "fa3" for a in common]
+    blocking = {"CUDA_LAUNCH_BLOCKING": "1"}  # eager rows: an illegal access names its own kernel
+    rows = {"ref": (common, ON), "mle_off": (common + mle, OFF), "mle_on": (common + mle, ON),
+            "n1_on": (common + n1, ON), "n3_off": (common + n3, OFF),
+            "n3_on": (common + n3, ON), "mle_on_eager": (eager(common + mle), {**ON, **blocking}),
+            "mle_off_eager": (eager(common + mle), {**OFF, **blocking}), "ref_fa3": (fa3, ON),
+            "mle_fa3_nohy_off": (fa3 + mle + nohy, OFF), "n3_fa3_nohy_off": (fa3 + n3 + nohy, OFF),
+            "mle_on_nohy": (common + mle + nohy, ON)}
+    res = run_many({k: (f"mtp_{k}", out, args, env, reqs, 48) for k, (args, env) in rows.items()})
+    for k, r in res.items():
+        log = os.path.join(out, f"mtp_{k}.log")
+        lines = open(log, errors="replace").read().splitlines() if os.path.exists(log) else []
+        r["compile_errors"] = [l[-240:] for l in lines if "CompilationError" in l or "kv_indices" in l][:3]
+        r["illegal_memory_access"] = any("illegal memory access" in l for l in lines)
+        r["multi_layer_eagle"] = any("multi-layer EAGLE" in l for l in lines)
+        r["plugin_log"] = [l[-160:] for l in r.get("plugin_log", []) if "triton_swa_draft" in l][:3]
+        r["index_asserts"] = [l[-200:] for l in lines if "index out of bounds" in l][:2]
+        tb = max((i for i, l in enumerate(lines) if "Traceback" in l), default=None)
+        r["last_traceback"] = [l.strip()[-200:] for l in lines[tb:tb + 40] if 'File "' in l or "Error" in l][-14:] \
+            if tb is not None else []
+    res["reference_distinct_outputs"] = len({tuple(o) for o in res["ref"].get("outputs") or [] if o})
+    res["accept_length"] = {k: r.get("accept_length") for k, r in res.items() if isinstance(r, dict) and "name" in r}
+    runs = {k: v for k, v in res.items() if isinstance(v, dict) and "name" in v}
+    controls = {}
+    for ctl, keys in (("mle_fa3_nohy_off", ("mle_on", "mle_on_eager", "mle_off_eager", "mle_on_nohy", "n1_on")),
+                      ("n3_fa3_nohy_off", ("n3_on",)), ("ref_fa3", ("mle_fa3_nohy_off", "n3_fa3_nohy_off")),
+                      ("mle_on_nohy", ("mle_on",))):
+        short = ctl.replace("_nohy_off", "")  # spec on fa3 vs no spec on fa3: rounding of spec alone
+        for k in keys:
+            cmp = compare(runs[k].get("outputs") or [], runs[ctl].get("outputs") or [])
+            controls[f"{k}_vs_{short}"] = {**cmp, "bands": first_divergences(cmp)}
+    return {**res, **judged(runs, "ref"), **controls}
+
+
 SETTINGS = {"off": OFF, "on": ON, "guard": {**ON, "SGLANG_SWA_PLUGIN_GUARD": "1"}}
 
 
@@ -1170,7 +1317,8 @@ def scenario_cost(out, target, _draft, reps: int = int(os.environ.get("COST_REPS
 SCENARIOS = {"trtllm_eagle_accept": scenario_trtllm_eagle_accept, "xqa_verify": scenario_xqa_verify,
              "fa3_seq": scenario_fa3_seq, "fa3_eagle3": scenario_fa3_eagle3, "fa3_control": scenario_fa3_control,
              "guard_server": scenario_guard_server, "batched_decode": scenario_batched_decode, "cost": scenario_cost,
-             "llama4_fa3": scenario_llama4_fa3, "fi_verify": scenario_fi_verify, "llama4_eagle": scenario_llama4_eagle}
+             "llama4_fa3": scenario_llama4_fa3, "fi_verify": scenario_fi_verify, "llama4_eagle": scenario_llama4_eagle,
+             "triton_mtp": scenario_triton_mtp}
 
 
 def _summary(res: dict) -> dict:
@@ -1185,7 +1333,7 @@ def _summary(res: dict) -> dict:
                                                 "assertions", "round_tok_per_s", "steps_with_index_spaces_apart",
                                                 "guard_message", "illegal_memory_access", "assert_lines", "verify_fix_log", "retracted_requests") if v.get(x) not in (None, [], False)}
             summary[k]["plugin_log"] = [l[-110:] for l in v.get("plugin_log", [])
-                                        if "trtllm_xqa" in l or "guard" in l or "fa3_local_attn" in l or "flashinfer" in l][:2]
+                                        if "trtllm_xqa" in l or "guard" in l or "fa3_local_attn" in l or "flashinfer" in l or "triton_swa_draft" in l][:2]
         elif isinstance(v, dict):
             summary[k] = _summary(v)
         elif not isinstance(v, list):

@@ -6,7 +6,7 @@
 #   bash tests/gpu/run_on_device.sh STEP [STEP ...]
 # Steps: unpack | unpack12 | smoke | trtllm_eagle_accept | xqa_verify | fa3_seq | fa3_eagle3 | fa3_control | cost | fp8 | fp8w |
 #        guard_kernel | guard_server | gpu_tests | bench_decode | bench_fix_step | graph_kernel | bench_xqa | servers | fi7 | pack |
-#        llama4 | llama4_eagle | fi_kernel | bench_fi | fi_verify
+#        llama4 | llama4_eagle | fi_kernel | bench_fi | fi_verify | triton_mtp
 # servers: SCENARIOS="xqa_verify trtllm_eagle_accept ..." PARALLEL=N (side by side on the GPU)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -43,6 +43,9 @@ for step in "$@"; do
                 # (cpu_transformers); fi_verify.json + fi_*.log in $OUT
       PARALLEL=${PARALLEL:-8} MEM_FRACTION=${MEM_FRACTION:-0.8} PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-560} \
         python3 tests/gpu/e2e_server.py fi_verify --out "$OUT" 2>&1 | tail -3 ;;
+    triton_mtp)  # issue #18: 12 servers side by side (tests/gpu/e2e_server.py triton_mtp)
+      PARALLEL=${PARALLEL:-12} MEM_FRACTION=${MEM_FRACTION:-0.8} PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-530} \
+        python3 tests/gpu/e2e_server.py triton_mtp --out "$OUT" 2>&1 | tail -5 ;;
     fp8)
       PYTHONPATH=/root/fi:/root/site timeout ${STEP_TIMEOUT:-400} python3 tests/gpu/fp8_xqa_probe.py --json "$OUT/fp8_xqa.json" ;;
     fp8w)  # the plugin's calls and the sanity cases again on a sliding-window layer

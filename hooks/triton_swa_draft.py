@@ -1,0 +1,430 @@
+"""triton_swa_draft: Triton speculative drafts with sliding-window layers get window KV indices.
+
+Bug
+    MiMo-V2.x and Step3.5 MTP drafts (sglang's ``MiMoV2MTP`` and ``Step3p5MTP``: one
+    sliding-window attention layer on a hybrid SWA pool) run on the draft runner's
+    ``TritonAttnBackend``: draft extend (every EAGLE worker; multi-layer EAGLE, which sglang
+    turns on for ``--speculative-algorithm EAGLE``, runs nothing else) and, with ``NEXTN`` and
+    more than one step, the multi-step draft decode (``TritonMultiStepDraftBackend``). Their
+    sliding layers read ``forward_metadata.window_kv_indices``, which these paths never build:
+    - draft-extend CUDA graphs (DRAFT_EXTEND / DRAFT_EXTEND_V2 capture and replay):
+      0.5.10-0.5.12's capture/replay branch, from 0.5.13 ``_update_draft_extend_buffers``,
+      fill only the full-pool rail; ``_build_cuda_graph_forward_metadata`` hard-codes
+      ``window_kv_indices=None``;
+    - eager DRAFT_EXTEND (the non-overlap worker, 0.5.10-0.5.13): its own branch builds none;
+    - multi-step draft decode, eager and CUDA graphs: the per-step rail comes from spec_info,
+      with no window rail.
+    The kernels then get ``kv_indices=None``: a Triton compile error at CUDA-graph capture
+    (server start) or on the first draft step; a stale window buffer reads foreign slots, past
+    the SWA pool where it is smaller than the full pool (intermittent illegal memory access).
+    This module backports 0.5.23's form: a sliding layer reads the last ``sliding_window_size``
+    keys of the rail the full layers get, in SWA space. Draft extend: built by the installed
+    release's own ``update_sliding_window_buffer`` (its CUDA-graph variant where it has one)
+    into the backend's CUDA-graph window buffers, the captured metadata pointing at them.
+    Draft decode: each step's window is gathered from the step's full rail (torch ops of fixed
+    shape, translated through the pool's full->SWA mapping) into the step backend's window
+    buffers at capture, refilled after sglang's own multi-step replay.
+
+Upstream PRs
+    #29858, #24481, the Triton half of #22679 (0.5.23: ``_update_draft_extend_buffers``
+    calls ``update_sliding_window_buffer``; the graph metadata uses the window buffers; the
+    multi-step backend builds a per-step window rail).
+
+Affected versions
+    0.5.10-0.5.12: draft-extend graphs, eager DRAFT_EXTEND, multi-step draft decode. 0.5.13:
+    the same, in the ``_update_draft_extend_buffers`` form. 0.5.14-0.5.22: draft-extend graphs
+    and multi-step draft decode (eager draft extend runs as EXTEND, which builds its window).
+    0.5.23 and later: none.
+    Status by release: applied 0.5.10-0.5.22; not needed 0.5.23+.
+
+Detection
+    Structural, on the installed ``TritonAttnBackend``: the draft-extend graph half is needed
+    where ``_update_draft_extend_buffers`` (0.5.13+) or, before it, the draft-extend branch of
+    ``init_forward_metadata_capture_cuda_graph`` calls no ``update_sliding_window_buffer``;
+    the eager half where ``init_forward_metadata`` has an ``is_draft_extend()`` branch that
+    calls none; the decode half where ``TritonMultiStepDraftBackend.common_template`` builds
+    no window rail. A release whose window helper takes parameters this module cannot supply
+    is unknown.
+
+Delete when
+    The oldest supported sglang is 0.5.23 or later.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+
+from sglang_swa_plugin.fix import Detection, Fix, Verdict, hookimpl
+from sglang_swa_plugin.probe import (calls, callee, function_text, function_tree, optional_module, own_function,
+                                     target_class)
+
+MODULE = "sglang.srt.layers.attention.triton_backend"
+NAME = "triton_swa_draft"
+CLASS = MODULE + ".TritonAttnBackend"
+EAGER = CLASS + ".init_forward_metadata"
+CAPTURE = CLASS + ".init_forward_metadata_capture_cuda_graph"  # 0.5.10-0.5.12
+REPLAY = CLASS + ".init_forward_metadata_replay_cuda_graph"  # 0.5.10-0.5.12
+FILL = CLASS + "._update_draft_extend_buffers"  # 0.5.13+
+BUILD = CLASS + "._build_cuda_graph_forward_metadata"  # 0.5.13+
+OUT_GRAPH = CLASS + ".init_forward_metadata_out_graph"  # 0.5.13+: a draft step's capture
+MULTI = MODULE + ".TritonMultiStepDraftBackend"
+MULTI_REPLAY = MULTI + ".init_forward_metadata_replay_cuda_graph"  # 0.5.10-0.5.12
+MULTI_OUT_GRAPH = MULTI + ".init_forward_metadata_out_graph"  # 0.5.13+
+HELPERS = frozenset({"update_sliding_window_buffer", "update_sliding_window_buffer_cuda_graph"})
+
+
+# ---------------------------------------------------------------------------- the fix
+
+
+def _draft_extend(mode, v2: bool = True) -> bool:
+    """DRAFT_EXTEND (or, with ``v2``, DRAFT_EXTEND_V2), by name: the mode predicates moved."""
+    return mode.name == "DRAFT_EXTEND" or (v2 and mode.name == "DRAFT_EXTEND_V2")
+
+
+def _has_window(self) -> bool:
+    return self.sliding_window_size is not None and self.sliding_window_size > 0
+
+
+@functools.lru_cache(maxsize=None)
+def _helper(in_graph: bool):
+    """sglang's own window builder: the CUDA-graph variant where the release has one (it
+    writes into a given buffer), else ``update_sliding_window_buffer``; and its parameters."""
+    mod = optional_module(MODULE)
+    fn = getattr(mod, "update_sliding_window_buffer_cuda_graph", None) if in_graph else None
+    fn = fn or getattr(mod, "update_sliding_window_buffer")
+    return fn, tuple(inspect.signature(fn).parameters.values())
+
+
+def _values(self, lens, req_pool_indices, bs, out, plan, index_table) -> dict:
+    return {"window_kv_indptr": self.window_kv_indptr, "req_to_token": self.req_to_token,
+            "sliding_window_size": self.sliding_window_size, "seq_lens": lens, "index_table": index_table,
+            "req_pool_indices": req_pool_indices[:bs] if req_pool_indices is not None else None, "bs": bs,
+            "device": self.device,
+            "token_to_kv_pool_allocator": getattr(self, "token_to_kv_pool_allocator", None),
+            "token_to_kv_pool": getattr(self, "token_to_kv_pool", None), "window_kv_indices": out,
+            "translator": getattr(self, "kv_index_translator", None), "plan": plan}
+
+
+def prefix_lens(kv_indptr, bs: int, qo_indptr=None):
+    """Per request, the keys before the extend tokens: the full layers' rail (``kv_indptr``),
+    less the extend tokens (``qo_indptr``) where that rail holds them too (before 0.5.13)."""
+    import torch
+
+    lens = kv_indptr[1 : bs + 1] - kv_indptr[:bs]
+    if qo_indptr is not None:
+        lens = torch.clamp(lens - (qo_indptr[1 : bs + 1] - qo_indptr[:bs]).to(lens.dtype), min=0)
+    return lens
+
+
+def fill_window(self, lens, req_pool_indices, bs: int, out=None, plan=None, index_table=None):
+    """The window rail over each request's first ``lens`` keys (its last
+    ``sliding_window_size``), built by sglang's own helper into ``out`` (a CUDA-graph buffer) or
+    a fresh tensor: ``(window_kv_indptr, window_kv_indices, lens, start)``. Device ops only
+    (the helper's own, as sglang's verify graphs run it)."""
+    fn, params = _helper(out is not None)
+    values = _values(self, lens, req_pool_indices, bs, out, plan, index_table)
+    return fn(**{p.name: values[p.name] for p in params if p.name in values})
+
+
+_signature = functools.lru_cache(maxsize=None)(inspect.signature)
+
+
+def _bound(original, args, kwargs) -> dict:
+    return _signature(original).bind(*args, **kwargs).arguments
+
+
+def _eager(original, self, forward_batch, *args, **kwargs):
+    result = original(self, forward_batch, *args, **kwargs)
+    md = self.forward_metadata
+    if not _has_window(self) or md.window_kv_indices is not None:
+        return result
+    bs = md.kv_indptr.shape[0] - 1
+    if _draft_extend(forward_batch.forward_mode, v2=False):
+        # eager DRAFT_EXTEND: the rail holds the accepted tokens too (generate_attn_arg_prefill)
+        md.window_kv_indptr, md.window_kv_indices, _, md.window_kv_offsets = fill_window(
+            self, prefix_lens(md.kv_indptr, bs, md.qo_indptr), forward_batch.req_pool_indices, bs)
+    elif _draft_step(forward_batch.forward_mode, forward_batch.spec_info):
+        import torch
+        md.window_kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=md.kv_indptr.device)
+        md.window_kv_indices = torch.empty(bs * self.sliding_window_size, dtype=torch.int64,
+                                           device=md.kv_indptr.device)
+        window_of_rail(self, md.kv_indptr, md.kv_indices, bs, md.window_kv_indptr, md.window_kv_indices)
+    return result
+
+
+# ---------------------------------------------------------------- multi-step draft decode
+
+
+def _draft_step(mode, spec_info) -> bool:
+    """A step of the multi-step draft backend: DECODE whose rail the spec_info carries."""
+    return mode.name == "DECODE" and spec_info is not None and getattr(spec_info, "kv_indptr", None) is not None
+
+
+def _translator(self):
+    pool = getattr(self, "token_to_kv_pool", None)
+    for obj in (pool, getattr(self, "token_to_kv_pool_allocator", None)):
+        if hasattr(obj, "translate_loc_from_full_to_swa"):
+            return obj.translate_loc_from_full_to_swa
+    return None
+
+
+def window_of_rail(self, kv_indptr, kv_indices, bs: int, out_indptr, out_indices) -> None:
+    """A draft step's window rail from its full rail (``kv_indptr``/``kv_indices``: the
+    committed prefix and the step's draft tokens, per branch): the last
+    ``min(L, sliding_window_size)`` keys of each, in SWA space, packed at ``out_indptr``. Fixed
+    shapes (``bs * window`` slots), device ops only: capturable, no host-device sync.
+
+    Every gather is kept in range: sglang's rail kernel derives ``kv_indptr`` from the batch's
+    positions and fills ``kv_indices`` from ``seq_lens``; at CUDA-graph capture the two disagree
+    (the position buffer, shared by all batch sizes, was advanced by the warm-up runs of the
+    larger ones), so the rail may claim keys past the ``kv_indices`` slice, and a padded
+    row's slots need not be in the pool. Such slots read SWA slot 0 (the pool's padding slot),
+    where sglang's own kernels, reading through pointers, read whatever lies past the slice."""
+    import torch
+
+    w = self.sliding_window_size
+    lens = kv_indptr[1 : bs + 1] - kv_indptr[:bs]
+    wl = torch.clamp(lens, min=0, max=w)
+    out_indptr[1 : bs + 1] = torch.cumsum(wl, 0)
+    slot = torch.arange(bs * w, device=kv_indptr.device, dtype=out_indptr.dtype)
+    req = torch.clamp(torch.searchsorted(out_indptr[1 : bs + 1].contiguous(), slot, right=True), max=bs - 1)
+    src = (kv_indptr[req] + lens[req] - wl[req] + (slot - out_indptr[req])).long()
+    valid = (slot < out_indptr[bs]) & (src >= 0) & (src < kv_indices.shape[0])
+    ids = kv_indices[torch.where(valid, src, torch.zeros_like(src))].long()
+    translate, limit = _translator(self), _full_size(self)
+    if limit is not None:
+        valid &= (ids >= 0) & (ids < limit)
+    ids = torch.where(valid, ids, torch.zeros_like(ids))
+    if translate is not None:
+        ids = translate(ids).long()
+    out_indices[: bs * w] = torch.where(valid, ids, torch.zeros_like(ids))
+
+
+def _full_size(self) -> "int | None":
+    """How many full-pool slots the full->SWA mapping covers (None: no mapping found)."""
+    for obj in (getattr(self, "token_to_kv_pool", None), getattr(self, "token_to_kv_pool_allocator", None)):
+        for o in (obj, getattr(obj, "_kvcache", None)):
+            mapping = getattr(o, "full_to_swa_index_mapping", None)
+            if mapping is not None:
+                return mapping.shape[0]
+    return None
+
+
+def _step_capture(self, spec_info, bs: int) -> None:
+    """A draft step's captured metadata reads its window from the backend's graph buffers."""
+    md = self.forward_metadata
+    window_of_rail(self, spec_info.kv_indptr, spec_info.kv_indices, bs, self.window_kv_indptr,
+                   self.cuda_graph_window_kv_indices)
+    md.window_kv_indptr = self.window_kv_indptr[: bs + 1]
+    md.window_kv_indices = self.cuda_graph_window_kv_indices
+
+
+def _out_graph(original, self, forward_batch, *args, **kwargs):  # 0.5.13+: a draft step's capture
+    result = original(self, forward_batch, *args, **kwargs)
+    in_capture = _bound(original, (self, forward_batch, *args), kwargs).get("in_capture", False)
+    md = self.forward_metadata
+    if (in_capture and _has_window(self) and _draft_step(forward_batch.forward_mode, forward_batch.spec_info)
+            and md.window_kv_indices is None):
+        _step_capture(self, forward_batch.spec_info, forward_batch.spec_info.kv_indptr.shape[0] - 1)
+    return result
+
+
+def _refill_steps(self, forward_batch) -> None:
+    """Replay: each step's window rail from the step's row of the multi-step rail buffers
+    (which sglang's own replay has just refilled), into that step backend's graph buffers."""
+    bs = self.topk * forward_batch.batch_size
+    for i, backend in enumerate(self.attn_backends):
+        if _has_window(backend):
+            window_of_rail(backend, self.kv_indptr[i, : bs + 1], self.cuda_graph_kv_indices[i], bs,
+                           backend.window_kv_indptr, backend.cuda_graph_window_kv_indices)
+
+
+def _multi_replay(original, self, forward_batch, *args, **kwargs):  # 0.5.10-0.5.12
+    result = original(self, forward_batch, *args, **kwargs)
+    _refill_steps(self, forward_batch)
+    return result
+
+
+def _multi_out_graph(original, self, forward_batch, *args, **kwargs):  # 0.5.13+
+    result = original(self, forward_batch, *args, **kwargs)
+    if not _bound(original, (self, forward_batch, *args), kwargs).get("in_capture", False):
+        _refill_steps(self, forward_batch)
+    return result
+
+
+def _point_at_buffers(self, md, bs: int) -> None:
+    md.window_kv_indptr = self.window_kv_indptr[: bs + 1]
+    md.window_kv_indices = self.cuda_graph_window_kv_indices
+    md.window_kv_offsets = self.cuda_graph_window_kv_offsets
+
+
+def _graph_fill(self, lens, req_pool_indices, bs: int, plan=None, index_table=None) -> None:
+    _, _, _, start = fill_window(self, lens, req_pool_indices, bs, out=self.cuda_graph_window_kv_indices,
+                                 plan=plan, index_table=index_table)
+    self.cuda_graph_window_kv_offsets[:bs] = start
+
+
+def _graph_prefix(self, mode, bs: int):
+    """0.5.10-0.5.12: the graph rail is ``seq_lens`` long; for DRAFT_EXTEND_V2 those count the
+    request's draft tokens (``qo_indptr``: one extend of num_tokens_per_bs each)."""
+    qo = self.qo_indptr[: bs + 1] if mode.name == "DRAFT_EXTEND_V2" else None
+    return prefix_lens(self.kv_indptr[: bs + 1], bs, qo)
+
+
+def _capture(original, self, *args, **kwargs):  # 0.5.10-0.5.12
+    result = original(self, *args, **kwargs)
+    a = _bound(original, (self, *args), kwargs)
+    bs, md, spec_info = a["bs"], self.forward_metadata, a["spec_info"]
+    if not _has_window(self) or md.window_kv_indices is not None:
+        return result
+    if _draft_extend(a["forward_mode"]):
+        _graph_fill(self, _graph_prefix(self, a["forward_mode"], bs), a["req_pool_indices"], bs)
+        _point_at_buffers(self, md, bs)
+    elif _draft_step(a["forward_mode"], spec_info):
+        _step_capture(self, spec_info, spec_info.kv_indptr.shape[0] - 1)
+    return result
+
+
+def _replay(original, self, *args, **kwargs):  # 0.5.10-0.5.12
+    result = original(self, *args, **kwargs)
+    a = _bound(original, (self, *args), kwargs)
+    bs = a["bs"]
+    if _draft_extend(a["forward_mode"]) and _has_window(self):
+        _graph_fill(self, _graph_prefix(self, a["forward_mode"], bs), a["req_pool_indices"], bs)
+    return result
+
+
+def _fill(original, self, *args, **kwargs):  # 0.5.13+: capture and replay
+    result = original(self, *args, **kwargs)
+    if _has_window(self):
+        a = _bound(original, (self, *args), kwargs)
+        _graph_fill(self, prefix_lens(result[1], a["bs"]), a.get("req_pool_indices"), a["bs"], plan=a.get("plan"),
+                    index_table=a.get("index_table"))
+    return result
+
+
+def _build(original, self, *args, **kwargs):  # 0.5.13+: the captured metadata
+    md = original(self, *args, **kwargs)
+    a = _bound(original, (self, *args), kwargs)
+    if _draft_extend(a["forward_mode"]) and _has_window(self) and md.window_kv_indices is None:
+        _point_at_buffers(self, md, a["bs"])
+    return md
+
+
+# ---------------------------------------------------------------------------- detection
+
+
+def _draft_extend_branches(fn) -> list:
+    """The ``if``/``elif`` branches of ``fn`` whose test asks ``is_draft_extend*()``."""
+    tree, _ = function_tree(fn)
+    return [n for n in ast.walk(tree) if isinstance(n, ast.If) and any(
+        isinstance(c, ast.Call) and (callee(c) or "").startswith("is_draft_extend") for c in ast.walk(n.test))]
+
+
+def _branch_builds_window(fn) -> "bool | None":
+    """None: ``fn`` has no draft-extend branch; else whether every one builds a window rail."""
+    branches = _draft_extend_branches(fn)
+    if not branches:
+        return None
+    return all(any(calls(stmt, HELPERS) for stmt in b.body) for b in branches)
+
+
+def probe(cls: type) -> dict:
+    """Per half ("eager", "graph"): True where the installed code builds the window rail,
+    None where the half does not exist."""
+    eager = own_function(cls, "init_forward_metadata")
+    got = {"eager": _branch_builds_window(eager) if eager is not None else None}
+    fill = own_function(cls, FILL.rsplit(".", 1)[1])
+    if fill is not None:
+        got["graph"] = calls(function_tree(fill)[0], HELPERS)
+    else:
+        capture = own_function(cls, CAPTURE.rsplit(".", 1)[1])
+        got["graph"] = _branch_builds_window(capture) if capture is not None else None
+    multi = getattr(optional_module(MODULE), MULTI.rsplit(".", 1)[1], None)
+    template = own_function(multi, "common_template") if multi is not None else None
+    got["decode"] = "window" in function_text(template) if template is not None else None
+    return got
+
+
+def _helper_gap() -> "str | None":
+    """A required parameter of sglang's window helper(s) that ``fill_window`` cannot supply."""
+    known = {"window_kv_indptr", "req_to_token", "sliding_window_size", "seq_lens", "req_pool_indices", "bs",
+             "device", "token_to_kv_pool_allocator", "token_to_kv_pool", "window_kv_indices", "translator", "plan",
+             "index_table"}
+    for in_graph in (False, True):
+        for p in _helper(in_graph)[1]:
+            if p.default is inspect.Parameter.empty and p.name not in known:
+                return f"{_helper(in_graph)[0].__name__} takes {p.name!r}"
+    return None
+
+
+_probed: dict = {}
+
+
+def classify() -> Detection:
+    if optional_module(MODULE) is None:
+        return Detection.not_applicable("this sglang has no Triton attention backend")
+    try:
+        got = probe(target_class(CLASS))
+        gap = _helper_gap()
+    except Exception as e:  # noqa: BLE001
+        return Detection.unknown(f"Triton draft-extend metadata could not be read: {type(e).__name__}: {e}")
+    _probed.clear()
+    _probed.update(got)
+    wrong = [half for half, ok in got.items() if ok is False]
+    if not wrong:
+        return Detection.not_needed("Triton draft extend builds window KV indices, eager and in CUDA graphs")
+    if gap:
+        return Detection.unknown(f"the window helper moved: {gap}")
+    what = {"eager": "eager DRAFT_EXTEND builds no window KV indices",
+            "graph": "CUDA-graph draft extend builds no window KV indices (window_kv_indices=None)",
+            "decode": "multi-step draft decode builds no window KV indices"}
+    return Detection.needed("; ".join(what[h] for h in wrong))
+
+
+class TritonSwaDraftFix(Fix):
+    name = NAME
+    summary = "Triton draft extend builds window KV indices (SWA space) for sliding-window draft layers"
+    upstream_prs = ("#29858", "#24481", "#22679")
+    targets = (EAGER,)
+    target_params = {EAGER: ("self", "forward_batch")}
+    check_module = "sglang_swa_plugin.check.triton_swa_draft"
+
+    @staticmethod
+    def _new_form() -> bool:
+        """0.5.13+: CUDA-graph metadata through ``init_forward_metadata_out_graph``."""
+        return own_function(target_class(CLASS), FILL.rsplit(".", 1)[1]) is not None
+
+    def plan(self) -> list:
+        """``(target, hook)`` per needed half, from the last detection."""
+        new, hooks = self._new_form(), []
+        if _probed.get("eager") is False or _probed.get("decode") is False:
+            hooks.append((EAGER, _eager))
+        if _probed.get("graph") is False:
+            hooks += [(FILL, _fill), (BUILD, _build)] if new else [(CAPTURE, _capture), (REPLAY, _replay)]
+        if _probed.get("decode") is False:
+            hooks += ([(OUT_GRAPH, _out_graph), (MULTI_OUT_GRAPH, _multi_out_graph)] if new
+                      else [(CAPTURE, _capture), (MULTI_REPLAY, _multi_replay)])
+        return list(dict(hooks).items())
+
+    def detect(self) -> Detection:
+        det = classify()
+        if det.verdict is Verdict.NEEDED:
+            self.targets = tuple(t for t, _ in self.plan())
+        return det
+
+    def install(self, hooks) -> None:
+        if not _probed:
+            classify()
+        for target, hook in self.plan():
+            hooks.around(target, hook)
+
+
+FIX = TritonSwaDraftFix()
+
+
+@hookimpl
+def sglang_swa_plugin_fixes():
+    return [FIX]

@@ -1,0 +1,386 @@
+"""CPU scenario of ``triton_swa_draft``: a real TritonAttnBackend (EAGLE, window 7) over a real
+SWAKVPool whose full and SWA index spaces differ, real draft-extend ForwardBatches for requests
+whose prefixes are longer and shorter than the window, and the Triton extend kernel recorded:
+which window KV indices a sliding-window layer's ``extend_attention_fwd`` call receives, eager
+(DRAFT_EXTEND, where the release runs it through its own branch), at CUDA-graph capture and
+at replay (DRAFT_EXTEND_V2, a second batch after the capture), and the multi-step draft decode
+(eager, capture, replay). Right: for each request, the last ``min(P, window)`` of its ``P``
+keys before the tokens being extended (decode step ``s``: the prefix and ``s + 1`` draft
+tokens), in SWA space (``SWAKVPool.translate_loc_from_full_to_swa``), and (extend) the window
+offset ``P - min(P, window)``.
+sglang's Triton gather runs as its torch twin (``flashinfer_swa_verify.KvIndicesTwin``).
+``python -m sglang_swa_plugin.check.triton_swa_draft`` prints one JSON line."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import inspect
+import json
+import sys
+from types import SimpleNamespace
+
+from . import Outcome
+
+WINDOW = 7
+PREFIXES = (20, 5, 13)  # longer than, shorter than, longer than the window
+REPLAY_PREFIXES = (9, 16, 3)
+NUM_STEPS, DRAFT_TOKENS = 3, 4
+MODULE = "sglang.srt.layers.attention.triton_backend"
+
+
+@contextlib.contextmanager
+def cpu_triton(backend, calls: list):
+    """The backend's extend kernel recorded (its arguments, cloned), sglang's Triton gather as
+    its torch twin in the modules that launch it."""
+    import torch
+
+    from sglang_swa_plugin.probe import optional_module, swapped
+
+    from .flashinfer_swa_verify import KvIndicesTwin, kernel_twins
+
+    signature = inspect.signature(backend.extend_attention_fwd)  # sglang's kernel, wherever it lives
+
+    def record(*args, **kwargs):
+        a = signature.bind(*args, **kwargs).arguments
+        clone = lambda t: t.clone() if isinstance(t, torch.Tensor) else t
+        calls.append({k: clone(a.get(k)) for k in ("kv_indptr", "kv_indices", "window_kv_offsets",
+                                                    "sliding_window_size")})
+
+    decode_signature = inspect.signature(backend.decode_attention_fwd)
+
+    def record_decode(*args, **kwargs):
+        a = decode_signature.bind(*args, **kwargs).arguments
+        calls.append({"kv_indptr": a["kv_indptr"].clone(),
+                      "kv_indices": a["kv_indices"].clone() if a["kv_indices"] is not None else None,
+                      "window_kv_offsets": None, "sliding_window_size": None})
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(swapped(backend, "extend_attention_fwd", record))
+        stack.enter_context(swapped(backend, "decode_attention_fwd", record_decode))
+        stack.enter_context(kernel_twins())
+        mod = optional_module(MODULE)
+        if not torch.cuda.is_available() and hasattr(mod, "create_flashinfer_kv_indices_triton"):
+            stack.enter_context(swapped(mod, "create_flashinfer_kv_indices_triton", KvIndicesTwin()))
+        if not torch.cuda.is_available() and hasattr(mod, "generate_draft_decode_kv_indices"):
+            stack.enter_context(swapped(mod, "generate_draft_decode_kv_indices", DraftDecodeTwin()))
+        yield
+
+
+class DraftDecodeTwin:
+    """``generate_draft_decode_kv_indices[grid](...)`` of 0.5.10-0.5.14 in torch (CPU only), for
+    topk 1 at page size 1: step ``s`` (``s + 1`` draft tokens) of request ``b`` reads
+    ``req_to_token[row, :seq_len + s + 1]``, packed from ``seq_lens``; ``kv_indptr[s]``, as the
+    kernel does, from ``positions`` (``sum(positions[:b]) + b * (s + 1)``): the two agree where
+    positions are the draft tokens' (``seq_lens``), not on a CUDA-graph capture whose position
+    buffer the warm-up runs of a larger batch advanced."""
+
+    def __getitem__(self, grid):
+        steps, num_seqs, topk = (int(g) for g in grid)
+        assert topk == 1, "the twin covers topk 1"
+
+        def run(req_pool_indices, req_to_token, seq_lens, kv_indices, kv_indptr, positions, pool_len,
+                kv_indices_stride, kv_indptr_stride, *rest):
+            for s in range(steps):
+                off = 0
+                kv_indptr[s, 0] = 0
+                for b in range(num_seqs):
+                    n = int(seq_lens[b]) + s + 1
+                    kv_indices[s, off:off + n] = req_to_token[int(req_pool_indices[b]), :n].to(kv_indices.dtype)
+                    off += n
+                    kv_indptr[s, b + 1] = int(positions[: b + 1].sum()) + (b + 1) * (s + 1)
+        return run
+
+
+def _no_decode_context_parallel():
+    """0.5.15+ reads the decode context-parallel rank from the runtime context: one rank."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+    except ImportError:
+        return contextlib.nullcontext()
+    try:
+        get_parallel().attn_dcp_rank
+        return contextlib.nullcontext()
+    except AttributeError:  # a release without decode context parallelism
+        return contextlib.nullcontext()
+    except Exception:  # noqa: BLE001 - "has not been written in this process"
+        return get_parallel().override(attn_dcp_size=1, attn_dcp_rank=0)
+
+
+def build():
+    """Pool, runner, TritonAttnBackend (CUDA-graph state for 4 requests) and the requests'
+    tokens: room for the prefixes plus two draft rounds each."""
+    import torch
+
+    from sglang_swa_plugin.probe import swapped
+
+    from . import testbed as tb
+
+    tri = importlib.import_module(MODULE)
+    pool = tb.make_swa_pool(size=256, size_swa=128)
+    alloc = tb.make_swa_allocator(pool)
+    tb.diverge(alloc, 11)
+    rtt = tb.make_req_to_token_pool(size=8, max_context_len=64)
+    runner = tb.make_model_runner(kv_pool=pool, allocator=alloc, req_to_token_pool=rtt, spec_algorithm="EAGLE",
+                                  topk=1, num_steps=NUM_STEPS, num_draft_tokens=DRAFT_TOKENS,
+                                  sliding_window_size=WINDOW, attention_backend="triton")
+    # What TritonAttnBackend reads off a ModelRunner beyond the testbed's fields: no hybrid
+    # linear-attention config, and (0.5.23) the verify rows per request.
+    for name in ("hybrid_gdn_config", "kimi_linear_config", "linear_attn_model_spec"):
+        setattr(runner, name, getattr(runner, name, None))
+    runner.decode_num_tokens_per_req = lambda **_: DRAFT_TOKENS
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(tb._single_rank_parallel())
+        stack.enter_context(_no_decode_context_parallel())
+        if hasattr(tri, "get_attention_tp_size"):
+            stack.enter_context(swapped(tri, "get_attention_tp_size", lambda: 1))
+        backend = tri.TritonAttnBackend(runner)
+    backend.init_cuda_graph_state(4, 4 * DRAFT_TOKENS)
+    n = max(PREFIXES + REPLAY_PREFIXES) + 2 * DRAFT_TOKENS
+    tokens = [tb.alloc_tokens(alloc, n) for _ in range(3)]
+    rows, _ = tb.fill_requests(rtt, tokens)
+    return SimpleNamespace(tb=tb, pool=pool, runner=runner, backend=backend, rows=rows, tokens=tokens,
+                           swa_layer=tb.swa_layer(pool, runner), torch=torch)
+
+
+def _batch(env, mode, prefixes, extend):
+    """A real ForwardBatch of ``mode`` for requests holding ``prefixes`` tokens extended by
+    ``extend`` each (seq_lens: prefix + extend, as sglang passes them for draft extend)."""
+    torch = env.torch
+    seq = [p + extend for p in prefixes]
+    loc = torch.cat([t[p:p + extend] for t, p in zip(env.tokens, prefixes)])
+    spec = None
+    if mode == "draft_extend":
+        import sglang.srt.speculative.eagle_info as eagle_info
+
+        # The draft-extend input (its own class from 0.5.12, EagleDraftInput before).
+        draft_input = next(c for c in (getattr(eagle_info, "EagleDraftExtendInput", None), eagle_info.EagleDraftInput)
+                               if c is not None and hasattr(c, "generate_attn_arg_prefill"))
+        acc = torch.full((len(prefixes),), extend, dtype=torch.int32)
+        # The accepted-token fields as each release names them (tokens per request incl. the
+        # bonus token; drafts: one less).
+        names = {f.name for f in dataclasses.fields(draft_input)}
+        values = {"num_accepted_tokens": acc, "num_accept_tokens": acc, "accept_length": acc,
+                  "num_accepted_drafts": acc - 1, "num_correct_drafts": acc - 1}
+        fields = {k: v for k, v in values.items() if k in names}
+        fields.update({k + "_cpu": v.tolist() for k, v in list(fields.items()) if k + "_cpu" in names})
+        spec = draft_input(**fields)
+    return env.tb.make_forward_batch(env.runner, mode, req_pool_indices=env.rows[: len(prefixes)], seq_lens=seq,
+                                     out_cache_loc=loc, extend_seq_lens=[extend] * len(prefixes), spec_info=spec,
+                                     num_tokens_per_req=extend, attn_backend=env.backend)
+
+
+def _run_layer(env, fb, calls: list):
+    """The sliding layer's forward_extend on ``fb``: the window arguments its kernel got."""
+    torch, layer = env.torch, env.swa_layer
+    rows = fb.out_cache_loc.shape[0]
+    q = torch.zeros(rows, layer.tp_q_head_num * layer.qk_head_dim)
+    k = torch.zeros(rows, layer.tp_k_head_num, layer.qk_head_dim)
+    v = torch.zeros(rows, layer.tp_v_head_num, layer.v_head_dim)
+    calls.clear()
+    try:
+        env.backend.forward_extend(q, k, v, layer, fb, save_kv_cache=False)
+    except Exception as e:  # noqa: BLE001 - e.g. 0.5.23's assert on a missing window rail
+        return {"error": f"{type(e).__name__}: {e}"[:200]}
+    return calls[-1] if calls else {"error": "no extend kernel call"}
+
+
+def judge(env, call: dict, rail_lens: list, offsets: bool = True) -> dict:
+    """Per request: the window keys the kernel got against the last ``min(L, window)`` keys of
+    the full rail (``rail_lens``), translated to SWA space, and (extend) the window offset."""
+    if "error" in call:
+        return {"right": False, "why": call["error"]}
+    indptr, indices, offsets = call["kv_indptr"], call["kv_indices"], call["window_kv_offsets"]
+    if indices is None or indptr is None:
+        return {"right": False, "why": "window_kv_indices=None"}
+    per_req = []
+    for b, (row, n) in enumerate(zip(env.rows, rail_lens)):
+        w = min(n, WINDOW)
+        want = env.tb.translate(env.pool, env.runner.req_to_token_pool.req_to_token[row, n - w:n].long()).tolist()
+        got = indices[int(indptr[b]):int(indptr[b + 1])].tolist()
+        off = int(offsets[b]) if offsets is not None else None
+        per_req.append(got == want and (off == n - w or not offsets))
+    return {"right": all(per_req), "per_request": per_req}
+
+
+def eager(env) -> "dict | None":
+    """DRAFT_EXTEND through ``init_forward_metadata`` where the release has its own branch
+    for it (None elsewhere: it runs as EXTEND, which builds its window)."""
+    from sglang_swa_plugin.hooks.triton_swa_draft import _draft_extend_branches
+    from sglang_swa_plugin.probe import own_function
+
+    fn = own_function(type(env.backend), "init_forward_metadata")
+    if not any("include_v2" not in ast_dump(b.test) for b in _draft_extend_branches(fn)):
+        return None
+    calls: list = []
+    with cpu_triton(env.backend, calls):
+        fb = _batch(env, "draft_extend", PREFIXES, NUM_STEPS + 1)
+        env.backend.init_forward_metadata(fb)
+        call = _run_layer(env, fb, calls)
+        return judge(env, call, list(PREFIXES))
+
+
+def ast_dump(node) -> str:
+    import ast
+
+    return ast.dump(node)
+
+
+def graph(env) -> dict:
+    """DRAFT_EXTEND_V2 captured on one batch, replayed on another; the sliding layer runs on
+    the captured metadata both times (as the graph does)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    be, mode, bs = env.backend, ForwardMode.DRAFT_EXTEND_V2, len(PREFIXES)
+    calls: list = []
+    out = {}
+    with cpu_triton(be, calls):
+        for phase, prefixes in (("capture", PREFIXES), ("replay", REPLAY_PREFIXES)):
+            fb = _batch(env, "draft_extend_v2", prefixes, DRAFT_TOKENS)
+            spec = SimpleNamespace(extend_seq_lens_tensor=fb.extend_seq_lens, custom_mask=None)
+            fb.spec_info = spec
+            if hasattr(be, "init_forward_metadata_out_graph"):  # 0.5.13+
+                be.init_forward_metadata_out_graph(fb, **({"in_capture": True} if phase == "capture" else {}))
+            elif phase == "capture":
+                be.init_forward_metadata_capture_cuda_graph(bs, bs * DRAFT_TOKENS, fb.req_pool_indices, fb.seq_lens,
+                                                             None, mode, spec)
+            else:
+                be.init_forward_metadata_replay_cuda_graph(bs, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_sum,
+                                                            None, mode, spec, fb.seq_lens_cpu)
+            if phase == "capture":
+                captured = be.forward_metadata
+            be.forward_metadata = captured
+            call = _run_layer(env, fb, calls)
+            out[phase] = judge(env, call, list(prefixes))
+    return out
+
+
+def _decode_call(env, backend, fb, calls: list):
+    """The sliding layer's forward_decode on one draft step's backend."""
+    torch, layer = env.torch, env.swa_layer
+    rows = fb.batch_size
+    q = torch.zeros(rows, layer.tp_q_head_num * layer.qk_head_dim)
+    k = torch.zeros(rows, layer.tp_k_head_num, layer.qk_head_dim)
+    v = torch.zeros(rows, layer.tp_v_head_num, layer.v_head_dim)
+    calls.clear()
+    try:
+        backend.forward_decode(q, k, v, layer, fb, save_kv_cache=False)
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}"[:200]}
+    return calls[-1] if calls else {"error": "no decode kernel call"}
+
+
+def _judge_steps(env, steps: list, prefixes) -> dict:
+    """Per draft step ``s``: the window the kernel got against the last ``min(L, window)`` keys
+    of ``L = prefix + s + 1`` (the committed prefix and the step's draft tokens), SWA space."""
+    per_step = [judge(env, call, [p + s + 1 for p in prefixes], offsets=False) for s, call in enumerate(steps)]
+    return {"right": all(x["right"] for x in per_step), "steps": per_step}
+
+
+def _decode_batch(env, multi, prefixes, advance: int = 0):
+    """A multi-step draft-decode batch; positions are the draft tokens' (``seq_lens``), as
+    sglang's draft decode has them, or ``advance`` past them."""
+    fb = env.tb.make_forward_batch(env.runner, "draft_decode", req_pool_indices=env.rows[: len(prefixes)],
+                                   seq_lens=list(prefixes), attn_backend=multi)
+    fb.positions = fb.seq_lens.clone() + advance
+    return fb
+
+
+def _multi(env):
+    from sglang_swa_plugin.probe import optional_module, swapped
+
+    tri, tb = optional_module(MODULE), env.tb
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(tb._single_rank_parallel())
+        stack.enter_context(_no_decode_context_parallel())
+        if hasattr(tri, "get_attention_tp_size"):
+            stack.enter_context(swapped(tri, "get_attention_tp_size", lambda: 1))
+        return getattr(tri, "TritonMultiStepDraftBackend")(env.runner, 1, NUM_STEPS)
+
+
+def stale_capture(env, advance: int = 4) -> dict:
+    """Multi-step draft-decode CUDA-graph capture of a smaller batch after a larger one: the
+    warm-up runs of the larger capture advanced the shared position buffer (each draft step
+    adds one), so sglang's rail kernel writes a ``kv_indptr`` longer than the ``kv_indices``
+    slice it hands each step. ``error``: what the window build raised (an index out of range:
+    a device-side assert on a GPU); else the window indices the steps got."""
+    multi = _multi(env)
+    multi.init_cuda_graph_state(4, 4)
+    calls = []
+    with contextlib.ExitStack() as stack:
+        for be in multi.attn_backends:
+            stack.enter_context(cpu_triton(be, calls))
+        fb = _decode_batch(env, multi, PREFIXES[:2], advance)
+        try:
+            if hasattr(multi, "init_forward_metadata_out_graph"):  # 0.5.13+
+                multi.init_forward_metadata_out_graph(fb, in_capture=True)
+            else:
+                multi.init_forward_metadata_capture_cuda_graph(fb)
+        except (IndexError, RuntimeError) as e:
+            return {"error": f"{type(e).__name__}: {e}"[:200]}
+    return {"windows": [be.forward_metadata.window_kv_indices for be in multi.attn_backends]}
+
+
+def multi_step(env) -> dict:
+    """Multi-step draft decode (TritonMultiStepDraftBackend, topk 1, 3 steps): eager, at
+    CUDA-graph capture and at replay of a second batch on the captured metadata."""
+    from sglang_swa_plugin.probe import optional_module
+
+    from sglang_swa_plugin.hooks.triton_swa_draft import probe
+
+    multi_cls = getattr(optional_module(MODULE), "TritonMultiStepDraftBackend", None)
+    if multi_cls is None or probe(env.backend.__class__).get("decode"):
+        return {}  # no multi-step backend, or it builds its window rail itself (0.5.23+: no CPU twin here)
+    multi = _multi(env)
+    out, calls = {}, []
+    with contextlib.ExitStack() as stack:
+        for be in multi.attn_backends:
+            stack.enter_context(cpu_triton(be, calls))
+        fb = _decode_batch(env, multi, PREFIXES)
+        multi.init_forward_metadata(fb)
+        out["decode_eager"] = _judge_steps(env, [_decode_call(env, be, fb, calls) for be in multi.attn_backends],
+                                           PREFIXES)
+        multi.init_cuda_graph_state(4, 4)
+        captured = []
+        for phase, prefixes in (("decode_capture", PREFIXES), ("decode_replay", REPLAY_PREFIXES)):
+            fb = _decode_batch(env, multi, prefixes)
+            if hasattr(multi, "init_forward_metadata_out_graph"):  # 0.5.13+
+                multi.init_forward_metadata_out_graph(fb, **({"in_capture": True} if phase == "decode_capture" else {}))
+            elif phase == "decode_capture":
+                multi.init_forward_metadata_capture_cuda_graph(fb)
+            else:
+                multi.init_forward_metadata_replay_cuda_graph(fb, fb.batch_size)
+            if phase == "decode_capture":
+                captured = [be.forward_metadata for be in multi.attn_backends]
+            steps = []
+            for be, md in zip(multi.attn_backends, captured):
+                be.forward_metadata = md
+                steps.append(_decode_call(env, be, fb, calls))
+            out[phase] = _judge_steps(env, steps, prefixes)
+    return out
+
+
+def scenario() -> Outcome:
+    """The window KV indices a sliding-window layer's Triton extend kernel receives in draft
+    extend, eager and in CUDA-graph capture and replay, against the last window keys of the
+    full rail in SWA space, on a real TritonAttnBackend over a real SWAKVPool whose index
+    spaces differ. ``seen``: per path, right or not (None: the release has no such path)."""
+    from sglang_swa_plugin.fix import ScenarioUnavailable
+    from sglang_swa_plugin.probe import optional_module
+
+    if optional_module(MODULE) is None:
+        raise ScenarioUnavailable(f"no Triton attention backend: {MODULE}")
+    env = build()
+    seen = {"eager": eager(env), **graph(env), **multi_step(env)}
+    return Outcome(any(v is not None and not v["right"] for v in seen.values()), seen)
+
+
+def reproduce() -> bool:
+    return scenario().bug
+
+
+if __name__ == "__main__":
+    out = scenario()
+    json.dump({"bug": out.bug, "seen": out.seen}, sys.stdout, default=str)
+    print()

@@ -395,7 +395,8 @@ def eagle3(draft: str, topk: int, steps: int = 3, draft_tokens: int = 4) -> list
 # MEM_FRACTION: with servers side by side, each must still find (1 - fraction) of the card free
 # when it sizes its pools (its KV pool is capped by --max-total-tokens anyway).
 BASE = ["--skip-tokenizer-init", "--disable-piecewise-cuda-graph", "--mem-fraction-static", os.environ.get("MEM_FRACTION", "0.5"),
-        "--page-size", "1", "--max-total-tokens", "4096", "--swa-full-tokens-ratio", "0.1", "--random-seed", "0"]
+        "--page-size", "1", "--max-total-tokens", os.environ.get("MAX_TOTAL_TOKENS", "4096"),
+        "--swa-full-tokens-ratio", os.environ.get("SWA_RATIO", "0.1"), "--random-seed", "0"]
 
 
 def eager(args: list) -> list:

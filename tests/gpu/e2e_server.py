@@ -1109,8 +1109,13 @@ def scenario_fi_verify(out, _target, _draft):
         "k1_off": (common + spec(1), off), "k1_on": (common + spec(1), on),
         "k2_off": (common + spec(2), off), "k2_on": (common + spec(2), on),
         "k1_nohy_on": (common + spec(1) + nohy, on), "k1_on_eager": (eager(common + spec(1)), on),
+        "k2_nohy_on": (common + spec(2) + nohy, on), "k2_on_b": (common + spec(2), on),
+        "k2_on_eager": (eager(common + spec(2)), on),
     }
-    runs = {k: (f"fi_{k}", out, args, env, reqs, 48) for k, (args, env) in rows.items()}
+    # FI_ROWS: a comma list of the rows to run (default: the first eight; k2_nohy_on, k2_on_b
+    # (a second topk-2 server) and k2_on_eager are the topk-2 controls)
+    keep = os.environ.get("FI_ROWS", "ref,nospec_nohy,k1_off,k1_on,k2_off,k2_on,k1_nohy_on,k1_on_eager").split(",")
+    runs = {k: (f"fi_{k}", out, args, env, reqs, 48) for k, (args, env) in rows.items() if k in keep}
     with ThreadPoolExecutor(2) as ex:  # beside the servers, on the CPU
         cpu = {"cpu_float32": ex.submit(gemma4_sglang_greedy, target, reqs, 48),
                "cpu_transformers": ex.submit(gemma4_cpu_greedy, target, reqs, 48)}

@@ -130,6 +130,31 @@ def without_fix(cls, attr: str, fix_name: str = None):
         yield
 
 
+@contextlib.contextmanager
+def methods_alone(fix, methods: dict):
+    """``{cls: method names}`` as sglang defines them for the block (``fix``'s hooks peeled)."""
+    with contextlib.ExitStack() as stack:
+        for cls, names in methods.items():
+            for name in names:
+                if name in cls.__dict__:
+                    stack.enter_context(without_fix(cls, name, fix.name))
+        yield
+
+
+@contextlib.contextmanager
+def fixed_alone(fix, methods: dict):
+    """The same methods with ``fix`` installed on them where its detection says needed."""
+    from sglang_swa_plugin.core import temporarily_installed
+    from sglang_swa_plugin.fix import Verdict
+
+    with methods_alone(fix, methods):
+        if fix.detect().verdict is Verdict.NEEDED:
+            with temporarily_installed(fix):
+                yield
+        else:
+            yield
+
+
 # ------------------------------------------------------------------ plugin loading in a child
 
 LOAD = """

@@ -14,9 +14,7 @@ tokens' KV."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import inspect
 import json
 import os
 import tempfile
@@ -33,7 +31,7 @@ from sglang_swa_plugin.fix import Verdict
 from sglang_swa_plugin.hooks import fa3_local_attn_pages as lap
 from sglang_swa_plugin.probe import swapped
 
-from helpers import sglang_release, without_fix
+from helpers import fixed_alone, methods_alone, sglang_release
 
 FIX = lap.FIX
 MOD = importlib.import_module(lap.MODULE)
@@ -49,23 +47,12 @@ def _fixed_upstream(half: str) -> bool:
     return release >= ((0, 5, 20) if half == "eager" else (0, 5, 22))
 
 
-@contextlib.contextmanager
 def sglang_alone():
-    with contextlib.ExitStack() as stack:
-        for name in METHODS:
-            if name in BACKEND.__dict__:
-                stack.enter_context(without_fix(BACKEND, name, FIX.name))
-        yield
+    return methods_alone(FIX, {BACKEND: METHODS})
 
 
-@contextlib.contextmanager
 def fixed():
-    with sglang_alone():
-        if FIX.detect().verdict is Verdict.NEEDED:
-            with temporarily_installed(FIX):
-                yield
-        else:
-            yield
+    return fixed_alone(FIX, {BACKEND: METHODS})
 
 
 def llama4_config_dir():
@@ -112,32 +99,9 @@ def make_bench():
     backend = tb.build_fa3_backend(runner)
     assert backend.has_local_attention and backend.use_sliding_window_kv_pool
     backend._compute_scheduler_metadata = lambda *a, **k: None  # a CUDA op (FA3 scheduler metadata)
-    markers = write_markers(pool, reqs)
+    markers = tb.write_markers(pool, reqs, SWA_LAYER)
     return SimpleNamespace(pool=pool, runner=runner, backend=backend, reqs=reqs, rows=rows, markers=markers)
 
-
-def write_markers(pool, reqs):
-    """K of every token of every request in the chunked layer = its marker (1, 2, ...),
-    through ``SWAKVPool.set_kv_buffer`` with the write location each release takes."""
-    layer = SimpleNamespace(layer_id=SWA_LAYER)
-    shape = pool.get_key_buffer(SWA_LAYER).shape[1:]
-    markers, nxt = [], 1
-    for loc in reqs:
-        vals = torch.arange(nxt, nxt + len(loc), dtype=torch.float32)
-        nxt += len(loc)
-        k = vals.view(-1, *([1] * len(shape))).expand(-1, *shape).to(pool.dtype).contiguous()
-        swa_loc = pool.translate_loc_from_full_to_swa(loc).to(torch.int64)
-        params = inspect.signature(pool.set_kv_buffer).parameters
-        if "loc_info" in params:  # 0.5.14+: the write location carries the SWA location
-            from sglang.srt.mem_cache.memory_pool import KVWriteLoc
-
-            pool.set_kv_buffer(layer, KVWriteLoc(loc, swa_loc=swa_loc), k, k.clone())
-        elif "swa_loc" in params:  # 0.5.13
-            pool.set_kv_buffer(layer, loc, k, k.clone(), swa_loc=swa_loc)
-        else:  # up to 0.5.12 the pool translates the full location itself
-            pool.set_kv_buffer(layer, loc, k, k.clone())
-        markers.append(vals)
-    return markers
 
 
 def read_through(bench, pages, n):

@@ -12,7 +12,6 @@ fix (0.5.10-0.5.22) the kernels get ``kv_indices=None`` (a Triton compile error 
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 from types import SimpleNamespace
 
@@ -26,7 +25,7 @@ from sglang_swa_plugin.core import temporarily_installed
 from sglang_swa_plugin.fix import Verdict
 from sglang_swa_plugin.hooks import triton_swa_draft as tsd
 
-from helpers import sglang_release, without_fix
+from helpers import fixed_alone, methods_alone, sglang_release
 
 FIX = tsd.FIX
 BACKEND = importlib.import_module(tsd.MODULE).TritonAttnBackend
@@ -47,24 +46,12 @@ def expected(path: str):
     return release >= (0, 5, 23)
 
 
-@contextlib.contextmanager
 def sglang_alone():
-    with contextlib.ExitStack() as stack:
-        for cls, names in METHODS.items():
-            for name in names:
-                if name in cls.__dict__:
-                    stack.enter_context(without_fix(cls, name, FIX.name))
-        yield
+    return methods_alone(FIX, METHODS)
 
 
-@contextlib.contextmanager
 def fixed():
-    with sglang_alone():
-        if FIX.detect().verdict is Verdict.NEEDED:
-            with temporarily_installed(FIX):
-                yield
-        else:
-            yield
+    return fixed_alone(FIX, METHODS)
 
 
 def seen(ctx) -> dict:

@@ -4,7 +4,6 @@ handed in FA3's CUDA-graph TARGET_VERIFY (capture, then replay), on a real
 
 from __future__ import annotations
 
-import inspect
 from types import SimpleNamespace
 
 from ..fa3_local import FA3_MODULE as MODULE
@@ -52,33 +51,8 @@ def make_bench(page_size: int):
         raise ScenarioUnavailable("this sglang's FA3 backend sees no chunked layers on the hybrid pool")
     backend._compute_scheduler_metadata = lambda *a, **k: None  # a CUDA op (FA3 scheduler metadata)
     return SimpleNamespace(pool=pool, runner=runner, backend=backend, reqs=reqs, rows=rows, ps=ps,
-                           markers=write_markers(pool, reqs))
+                           markers=tb.write_markers(pool, reqs, SWA_LAYER))
 
-
-def write_markers(pool, reqs):
-    """K of every token of the chunked layer = its marker, through ``SWAKVPool.set_kv_buffer``
-    with the write location each release takes."""
-    import torch
-
-    layer = SimpleNamespace(layer_id=SWA_LAYER)
-    shape = pool.get_key_buffer(SWA_LAYER).shape[1:]
-    markers, nxt = [], 1
-    for loc in reqs:
-        vals = torch.arange(nxt, nxt + len(loc), dtype=torch.float32)
-        nxt += len(loc)
-        k = vals.view(-1, *([1] * len(shape))).expand(-1, *shape).to(pool.dtype).contiguous()
-        swa_loc = pool.translate_loc_from_full_to_swa(loc).to(torch.int64)
-        params = inspect.signature(pool.set_kv_buffer).parameters
-        if "loc_info" in params:  # 0.5.14+: the write location carries the SWA location
-            from sglang.srt.mem_cache.memory_pool import KVWriteLoc
-
-            pool.set_kv_buffer(layer, KVWriteLoc(loc, swa_loc=swa_loc), k, k.clone())
-        elif "swa_loc" in params:  # 0.5.13
-            pool.set_kv_buffer(layer, loc, k, k.clone(), swa_loc=swa_loc)
-        else:  # up to 0.5.12 the pool translates the full location itself
-            pool.set_kv_buffer(layer, loc, k, k.clone())
-        markers.append(vals)
-    return markers
 
 
 def kernel_view(backend, metadata):

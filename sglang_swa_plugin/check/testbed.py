@@ -771,3 +771,29 @@ def run_kernels(fn, *args, **kwargs):
         raise Unavailable(
             "needs a Triton kernel: run on a GPU, or set TRITON_INTERPRET=1 before importing sglang"
         ) from e
+
+
+def write_markers(pool, reqs, layer_id):
+    """K (and V) of every token of every request in layer ``layer_id`` = its marker (1, 2, ...),
+    written through ``SWAKVPool.set_kv_buffer`` with the write location each release takes.
+    Returns the markers per request."""
+    torch = _torch()
+    layer = SimpleNamespace(layer_id=layer_id)
+    shape = pool.get_key_buffer(layer_id).shape[1:]
+    markers, nxt = [], 1
+    for loc in reqs:
+        vals = torch.arange(nxt, nxt + len(loc), dtype=torch.float32)
+        nxt += len(loc)
+        k = vals.view(-1, *([1] * len(shape))).expand(-1, *shape).to(pool.dtype).contiguous()
+        swa_loc = pool.translate_loc_from_full_to_swa(loc).to(torch.int64)
+        params = inspect.signature(pool.set_kv_buffer).parameters
+        if "loc_info" in params:  # 0.5.14+: the write location carries the SWA location
+            from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+            pool.set_kv_buffer(layer, KVWriteLoc(loc, swa_loc=swa_loc), k, k.clone())
+        elif "swa_loc" in params:  # 0.5.13
+            pool.set_kv_buffer(layer, loc, k, k.clone(), swa_loc=swa_loc)
+        else:  # up to 0.5.12 the pool translates the full location itself
+            pool.set_kv_buffer(layer, loc, k, k.clone())
+        markers.append(vals)
+    return markers

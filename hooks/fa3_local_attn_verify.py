@@ -53,7 +53,7 @@ import logging
 
 from sglang_swa_plugin.fa3_local import FA3_MODULE as MODULE, local_batches, local_metadata_class
 from sglang_swa_plugin.fix import Detection, Fix, hookimpl
-from sglang_swa_plugin.probe import callee, function_tree, nodes, optional_module, own_function, target_class
+from sglang_swa_plugin.probe import callee, if_branches, optional_module, own_function, target_class
 
 logger = logging.getLogger("sglang.srt.plugins.swa_plugin")
 
@@ -216,13 +216,10 @@ def verify_builds_local(cls) -> bool:
         fn = own_function(cls, name)
         if fn is None:
             continue
-        tree, _ = function_tree(fn)
-        for node in nodes(tree):
-            if isinstance(node, ast.If) and any(isinstance(c, ast.Call) and callee(c) == "is_target_verify"
-                                                for c in ast.walk(node.test)):
-                called = {callee(c) or "" for stmt in node.body for c in ast.walk(stmt) if isinstance(c, ast.Call)}
-                if any("local_attn" in c or c in LOCAL_CALLS for c in called):
-                    return True
+        for node in if_branches(fn, "is_target_verify"):
+            called = {callee(c) or "" for stmt in node.body for c in ast.walk(stmt) if isinstance(c, ast.Call)}
+            if any("local_attn" in c or c in LOCAL_CALLS for c in called):
+                return True
     return False
 
 

@@ -52,12 +52,11 @@ Delete when
 
 from __future__ import annotations
 
-import ast
 import functools
 import inspect
 
 from sglang_swa_plugin.fix import Detection, Fix, Verdict, hookimpl
-from sglang_swa_plugin.probe import (calls, callee, function_text, function_tree, optional_module, own_function,
+from sglang_swa_plugin.probe import (calls, function_text, function_tree, if_branches, optional_module, own_function,
                                      target_class)
 
 MODULE = "sglang.srt.layers.attention.triton_backend"
@@ -318,9 +317,7 @@ def _build(original, self, *args, **kwargs):  # 0.5.13+: the captured metadata
 
 def _draft_extend_branches(fn) -> list:
     """The ``if``/``elif`` branches of ``fn`` whose test asks ``is_draft_extend*()``."""
-    tree, _ = function_tree(fn)
-    return [n for n in ast.walk(tree) if isinstance(n, ast.If) and any(
-        isinstance(c, ast.Call) and (callee(c) or "").startswith("is_draft_extend") for c in ast.walk(n.test))]
+    return if_branches(fn, "is_draft_extend")
 
 
 def _branch_builds_window(fn) -> "bool | None":

@@ -96,6 +96,7 @@ BUILTIN_MODULES = (
     "sglang_swa_plugin.hooks.swa_index_guard",
     "sglang_swa_plugin.hooks.flashinfer_swa_verify",
     "sglang_swa_plugin.hooks.triton_swa_draft",
+    "sglang_swa_plugin.hooks.swa_graph_padding",
 )
 
 

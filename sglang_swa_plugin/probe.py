@@ -174,6 +174,53 @@ def calls(node: Any, names: "frozenset") -> bool:
     return any(isinstance(n, ast.Call) and callee(n) in names for n in ast.walk(node))
 
 
+_IF = re.compile(r"^(\s*)(el)?if\b")
+
+
+def if_branches(fn: Any, test_call: str) -> "list":
+    """The ``if``/``elif`` statements of ``fn`` (nested ones too) whose test calls a name
+    starting with ``test_call``, as syntax trees (``elif`` as ``if``; ``orelse`` not kept).
+    Only those statements are parsed, each cut from the function's text by indentation
+    (parsing a long backend method costs milliseconds per fix and process); where a cut does
+    not parse, the whole function is parsed instead, with the same result."""
+    import ast
+
+    def wanted(node):
+        return isinstance(node, ast.If) and any(
+            isinstance(c, ast.Call) and (callee(c) or "").startswith(test_call) for c in ast.walk(node.test))
+
+    text = function_text(fn)
+    if test_call not in text:
+        return []
+    lines, found, i = text.splitlines(), [], 0
+    while i < len(lines):
+        m = _IF.match(lines[i])
+        if m is None:
+            i += 1
+            continue
+        indent, j, depth = len(m.group(1)), i, 0
+        while j < len(lines):  # the header ends at the ':' where its brackets close
+            code = lines[j].split("#", 1)[0]
+            depth += sum(map(code.count, "([{")) - sum(map(code.count, ")]}"))
+            if depth <= 0 and code.rstrip().endswith(":"):
+                break
+            j += 1
+        if test_call in "\n".join(lines[i:j + 1]):
+            k = j + 1
+            while k < len(lines) and (not lines[k].strip() or len(lines[k]) - len(lines[k].lstrip()) > indent):
+                k += 1
+            cut = textwrap.dedent("\n".join(lines[i:k]))
+            try:
+                stmt = ast.parse(cut[2:] if cut.startswith("elif") else cut).body
+            except SyntaxError:
+                stmt = None
+            if not stmt or not isinstance(stmt[0], ast.If):
+                return [n for n in nodes(function_tree(fn)[0]) if wanted(n)]
+            found.append(stmt[0])
+        i += 1
+    return [n for n in found if wanted(n)]
+
+
 def normalized_source(obj: Any) -> str:
     """Source of a function/method/class with comments dropped and all whitespace folded,
     so that formatting changes do not change the verdict."""

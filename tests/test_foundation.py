@@ -330,6 +330,43 @@ def test_function_text_equals_inspect_getsource_on_sglang_functions():
         assert normalized_source(fn) == want, fn.__qualname__
 
 
+def test_if_branches_equal_the_whole_parse_on_sglang_functions():
+    """``probe.if_branches`` (only the asked-for ``if`` statements parsed, each cut by
+    indentation) gives the tests and bodies a parse of the whole function gives, for every
+    function of the attention backends the fixes read."""
+    import ast
+    import inspect
+
+    from sglang_swa_plugin.probe import callee, function_tree, if_branches, optional_module
+
+    def whole(fn, prefix):
+        return [n for n in ast.walk(function_tree(fn)[0]) if isinstance(n, ast.If) and any(
+            isinstance(c, ast.Call) and (callee(c) or "").startswith(prefix) for c in ast.walk(n.test))]
+
+    def dumped(found):
+        return [(ast.dump(n.test), [ast.dump(b) for b in n.body]) for n in found]
+
+    seen = 0
+    for name in SOURCE_READ_MODULES:
+        mod = optional_module(f"sglang.srt.layers.attention.{name}")
+        for k in vars(mod).values() if mod is not None else ():
+            if not (isinstance(k, type) and k.__module__ == mod.__name__):
+                continue
+            for f in vars(k).values():
+                fn = inspect.unwrap(getattr(f, "__func__", f))
+                if not inspect.isfunction(fn):
+                    continue
+                try:
+                    inspect.getsource(fn)
+                except OSError:
+                    continue
+                for prefix in ("is_target_verify", "is_draft_extend", "is_decode"):
+                    want = dumped(whole(fn, prefix))
+                    assert dumped(if_branches(fn, prefix)) == want, (fn.__qualname__, prefix)
+                    seen += len(want)
+    assert seen >= 10
+
+
 def test_check_reports_an_opt_in_fix_that_is_off_as_off(monkeypatch):
     from sglang_swa_plugin.cli import check_report
 

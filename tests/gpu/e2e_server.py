@@ -1110,7 +1110,10 @@ def scenario_fi_verify(out, _target, _draft):
         "k2_off": (common + spec(2), off), "k2_on": (common + spec(2), on),
         "k1_nohy_on": (common + spec(1) + nohy, on), "k1_on_eager": (eager(common + spec(1)), on),
         "k2_nohy_on": (common + spec(2) + nohy, on), "k2_on_b": (common + spec(2), on),
-        "k2_on_eager": (eager(common + spec(2)), on),
+        "k2_on_eager": (eager(common + spec(2)), on), "k2_on_c": (common + spec(2), on),
+        # the plugin without swa_graph_padding (padded CUDA-graph replays keep stale SWA write locations)
+        **{f"k2_pad_off{s}": (common + spec(2), {**on, "SGLANG_SWA_PLUGIN_FIXES": "-swa_graph_padding"})
+           for s in ("", "_b", "_c")},
     }
     # FI_ROWS: a comma list of the rows to run (default: the first eight; k2_nohy_on, k2_on_b
     # (a second topk-2 server) and k2_on_eager are the topk-2 controls)

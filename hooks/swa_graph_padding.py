@@ -1,0 +1,92 @@
+"""CUDA-graph replay of a padded batch: the padded rows' SWA write locations are cleared.
+
+Bug
+    sglang 0.5.11 keeps a separate SWA write location per token in the CUDA-graph input
+    buffers (``DecodeInputBuffers.out_cache_loc_swa``, hybrid SWA pool only). For a batch
+    that is padded up to a captured size, ``populate_from_forward_batch`` zeroes
+    ``out_cache_loc`` but copies ``out_cache_loc_swa`` only for the real rows: the padded
+    rows keep the SWA slots of an earlier, larger replay. The captured graph writes the
+    padded rows' K/V through them, into the SWA KV of live requests (the last rows of that
+    earlier batch): silently wrong tokens for those requests, under sglang's default
+    configuration (CUDA graphs on). Plain decode, EAGLE/EAGLE3/NEXTN verify and draft
+    decode all replay these buffers, on every attention backend. Seen on an H100: flashinfer
+    EAGLE topk 2, 32 requests, requests 30/31 leave the exact output at tokens 37-39.
+    The fix clears the padded tail (``out_cache_loc_swa[raw_num_token:]``) after sglang
+    filled the buffers, as upstream does (upstream clears the whole buffer): slot 0 is the
+    pool's padding slot. Outside the graph, only for padded replays; no host-device sync.
+
+Upstream PRs
+    #24743 "zero out_cache_loc_swa for padded CUDA-graph replays" (the buffer came with
+    #23552).
+
+Affected versions
+    sglang 0.5.11. 0.5.10 has no separate SWA write locations (it translates the zeroed
+    ``out_cache_loc``); 0.5.12 and later clear them.
+    Status by release: not applicable 0.5.10; applied 0.5.11; not needed 0.5.12+.
+
+Detection
+    Structural, on the installed ``DecodeInputBuffers.populate_from_forward_batch``: it
+    copies into ``out_cache_loc_swa`` and never clears it (``zero_``/``fill_``): needed.
+    Clears it: not needed. No ``out_cache_loc_swa`` in it (or no ``DecodeInputBuffers``):
+    not applicable.
+
+Delete when
+    The oldest supported sglang is 0.5.12 or later.
+"""
+
+from __future__ import annotations
+
+import re
+
+from sglang_swa_plugin.fix import Detection, Fix, hookimpl
+from sglang_swa_plugin.probe import function_text, optional_module, own_function
+
+NAME = "swa_graph_padding"
+MODULE = "sglang.srt.model_executor.cuda_graph_runner"
+TARGET = f"{MODULE}.DecodeInputBuffers.populate_from_forward_batch"
+_CLEARS = re.compile(r"out_cache_loc_swa(\[[^\]]*\])?\s*\.\s*(zero_|fill_)\s*\(")
+
+
+def _clear_padded_swa_locs(original, self, *args, **kwargs):
+    result = original(self, *args, **kwargs)
+    swa = getattr(self, "out_cache_loc_swa", None)
+    if swa is not None and kwargs.get("bs") != kwargs.get("raw_bs"):
+        swa[kwargs["raw_num_token"]:].zero_()
+    return result
+
+
+def classify() -> Detection:
+    mod = optional_module(MODULE)
+    cls = getattr(mod, "DecodeInputBuffers", None) if mod is not None else None
+    fn = own_function(cls, "populate_from_forward_batch") if isinstance(cls, type) else None
+    if fn is None:
+        return Detection.not_applicable("this sglang's CUDA-graph runner has no DecodeInputBuffers.populate_from_forward_batch")
+    text = function_text(fn)
+    if "out_cache_loc_swa" not in text:
+        return Detection.not_applicable("the CUDA-graph input buffers carry no separate SWA write locations")
+    if _CLEARS.search(text):
+        return Detection.not_needed("padded replays clear the SWA write locations")
+    return Detection.needed("padded CUDA-graph replays keep an earlier batch's SWA write locations in the padded rows")
+
+
+class SwaGraphPaddingFix(Fix):
+    name = NAME
+    summary = "padded CUDA-graph replays write the padded rows' KV into no live request's SWA slots"
+    upstream_prs = ("#24743",)
+    targets = (TARGET,)
+    target_params = {TARGET: ("self", "forward_batch", "raw_bs", "raw_num_token", "bs")}
+    check_module = "sglang_swa_plugin.check.swa_graph_padding"
+
+    def detect(self) -> Detection:
+        return classify()
+
+    def install(self, hooks) -> None:
+        hooks.around(TARGET, _clear_padded_swa_locs)
+
+
+FIX = SwaGraphPaddingFix()
+
+
+@hookimpl
+def sglang_swa_plugin_fixes():
+    return [FIX]

@@ -21,8 +21,8 @@ Upstream PRs
 
 Affected versions
     sglang 0.5.11. 0.5.10 has no separate SWA write locations (it translates the zeroed
-    ``out_cache_loc``); 0.5.12 and later clear them.
-    Status by release: not applicable 0.5.10; applied 0.5.11; not needed 0.5.12+.
+    ``out_cache_loc``); 0.5.12 clears them; from 0.5.13 the graph buffers carry none.
+    Status by release: not applicable 0.5.10; applied 0.5.11; not needed 0.5.12; not applicable 0.5.13+.
 
 Detection
     Structural, on the installed ``DecodeInputBuffers.populate_from_forward_batch``: it
@@ -60,7 +60,8 @@ def classify() -> Detection:
     cls = getattr(mod, "DecodeInputBuffers", None) if mod is not None else None
     fn = own_function(cls, "populate_from_forward_batch") if isinstance(cls, type) else None
     if fn is None:
-        return Detection.not_applicable("this sglang's CUDA-graph runner has no DecodeInputBuffers.populate_from_forward_batch")
+        return Detection.not_applicable("this sglang's CUDA-graph runner has no DecodeInputBuffers.populate_from_forward_batch "
+                                        "(the buffers that carry separate SWA write locations)")
     text = function_text(fn)
     if "out_cache_loc_swa" not in text:
         return Detection.not_applicable("the CUDA-graph input buffers carry no separate SWA write locations")

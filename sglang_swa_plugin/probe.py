@@ -179,7 +179,8 @@ _IF = re.compile(r"^(\s*)(el)?if\b")
 
 def if_branches(fn: Any, test_call: str) -> "list":
     """The ``if``/``elif`` statements of ``fn`` (nested ones too) whose test calls a name
-    starting with ``test_call``, as syntax trees (``elif`` as ``if``; ``orelse`` not kept).
+    starting with ``test_call``, as syntax trees in text order (``elif`` as ``if``; ``orelse``
+    not kept).
     Only those statements are parsed, each cut from the function's text by indentation
     (parsing a long backend method costs milliseconds per fix and process); where a cut does
     not parse, the whole function is parsed instead, with the same result."""

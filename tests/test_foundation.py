@@ -344,7 +344,7 @@ def test_if_branches_equal_the_whole_parse_on_sglang_functions():
             isinstance(c, ast.Call) and (callee(c) or "").startswith(prefix) for c in ast.walk(n.test))]
 
     def dumped(found):
-        return [(ast.dump(n.test), [ast.dump(b) for b in n.body]) for n in found]
+        return sorted((ast.dump(n.test), [ast.dump(b) for b in n.body]) for n in found)  # any order
 
     seen = 0
     for name in SOURCE_READ_MODULES:

@@ -48,11 +48,12 @@ def buffers_and_batch():
 
 
 def scenario() -> Outcome:
-    """sglang's own CUDA-graph input buffers on a hybrid SWA pool: a replay of 4 requests,
-    then one of 3 requests padded to 4: are the padded rows' SWA write locations cleared
-    (slot 0), or do they still name the first batch's last request's SWA slots (a live
-    request's KV, which the captured graph then overwrites)? ``seen``: the padded rows' SWA
-    write locations."""
+    """sglang's own CUDA-graph input buffers (hybrid SWA pool): after a padded replay, do the padded rows still hold an earlier batch's SWA write locations?
+
+    A replay of 4 requests, then one of 3 requests padded to 4: the padded rows' SWA write
+    locations must be the padding slot 0, not the first batch's last request's SWA slots (a
+    live request's KV, which the captured graph then overwrites). ``seen``: the padded rows'
+    SWA write locations."""
     buffers, fill = buffers_and_batch()
     fill(MAX_BS, MAX_BS, 10)
     fill(MAX_BS - 1, MAX_BS, 40)

@@ -15,19 +15,23 @@ def buffers_and_batch():
     """sglang's own ``DecodeInputBuffers`` (hybrid SWA pool) on the CPU, and a function that
     fills them from a real ``ForwardBatch`` of ``bs`` requests padded to ``padded`` rows."""
     import torch
-    from sglang.srt.model_executor import cuda_graph_runner as cgr
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+    try:
+        from sglang.srt.model_executor import cuda_graph_runner as cgr
+    except ImportError as e:
+        raise ScenarioUnavailable(f"cannot import sglang.srt.model_executor.cuda_graph_runner: {e}") from e
 
     cls = getattr(cgr, "DecodeInputBuffers", None)
     if cls is None or not hasattr(cls, "create"):
-        raise ScenarioUnavailable("this sglang has no DecodeInputBuffers.create")
+        raise ScenarioUnavailable(f"{cgr.__name__} has no DecodeInputBuffers.create")
     buffers = tb._call_with_supported(
         cls.create, device=torch.device("cpu"), max_bs=MAX_BS, max_num_token=MAX_BS * N, hidden_size=8,
         vocab_size=16, dtype=torch.float32, dp_size=1, pp_size=1, is_encoder_decoder=False,
         require_mlp_tp_gather=False, seq_len_fill_value=1, encoder_len_fill_value=0, num_tokens_per_bs=N,
         cache_loc_dtype=torch.int64, enable_mamba_track=False, is_hybrid_swa=True)
     if getattr(buffers, "out_cache_loc_swa", None) is None:
-        raise ScenarioUnavailable("this sglang's CUDA-graph buffers carry no SWA write locations")
+        raise ScenarioUnavailable(f"{cgr.__name__}.DecodeInputBuffers carries no SWA write locations (out_cache_loc_swa)")
 
     def fill(bs, padded, first_slot):
         loc = torch.arange(first_slot, first_slot + bs * N, dtype=torch.int64)

@@ -608,6 +608,16 @@ def scenario_batched_decode(out, _target, _draft):
     return res
 
 
+def llama4_common(target: str, ps: int) -> list:
+    """Server arguments of the Llama 4 scenarios at page size ``ps``: fa3, CUDA graphs up to
+    batch 32, 8192 tokens with a quarter of them in the SWA pool."""
+    base = list(BASE)
+    base[base.index("--page-size") + 1] = str(ps)
+    base[base.index("--max-total-tokens") + 1] = "8192"
+    base[base.index("--swa-full-tokens-ratio") + 1] = "0.25"
+    return base + ["--model-path", target, "--attention-backend", "fa3", "--cuda-graph-max-bs", "32"]
+
+
 def scenario_llama4_fa3(out, _target, _draft):
     """Issue #19: Llama 4 chunked ("local") layers on FA3, the SWA-pool layers of the hybrid
     pool. Target: make_llama4_pair (chunk 32; its chunked layers decide its output). 32
@@ -638,11 +648,7 @@ def scenario_llama4_fa3(out, _target, _draft):
     nohy = ["--disable-hybrid-swa-memory"]
     runs = {}
     for ps in (1, 16):
-        base = [a for a in BASE]
-        base[base.index("--page-size") + 1] = str(ps)
-        base[base.index("--max-total-tokens") + 1] = "8192"
-        base[base.index("--swa-full-tokens-ratio") + 1] = "0.25"
-        common = base + ["--model-path", target, "--attention-backend", "fa3", "--cuda-graph-max-bs", "32"]
+        common = llama4_common(target, ps)
         e3k1, e3k2 = eagle3(draft, topk=1), eagle3(draft, topk=2)
         rows = {"ref": (common + nohy, ON), "nospec_off": (common, OFF), "nospec_on": (common, ON),
                 "e3k1_off": (common + e3k1, OFF), "e3k1_on": (common + e3k1, ON)}
@@ -690,11 +696,7 @@ def scenario_llama4_eagle(out, _target, _draft):
     nohy = ["--disable-hybrid-swa-memory"]
     runs = {}
     for ps in (1, 16):
-        base = [a for a in BASE]
-        base[base.index("--page-size") + 1] = str(ps)
-        base[base.index("--max-total-tokens") + 1] = "8192"
-        base[base.index("--swa-full-tokens-ratio") + 1] = "0.25"
-        common = base + ["--model-path", target, "--attention-backend", "fa3", "--cuda-graph-max-bs", "32"]
+        common = llama4_common(target, ps)
         e3k1 = eagle3(draft, topk=1)
         rows = {"ref": (common + nohy, ON), "nospec_on": (common, ON),
                 "e3k1_off": (common + e3k1, OFF), "e3k1_on": (common + e3k1, ON),

@@ -18,10 +18,9 @@ Bug
     every page size), from the host copy of the sequence lengths sglang's replay already
     has; unused virtual requests get no query tokens and no keys. Eager topk-1 verify
     already builds the metadata (page size > 1: with ``fa3_local_attn_pages``).
-    Not covered (one warning at CUDA-graph set-up): ``--speculative-eagle-topk`` > 1, whose
-    cascade verify (prefix + tree part) has no chunk on chunked layers, eager or in graphs;
-    and verify steps whose requests carry different numbers of draft tokens (ragged layouts),
-    which keep sglang's metadata.
+    ``--speculative-eagle-topk`` > 1 (cascade verify) is ``fa3_local_attn_tree_verify``'s.
+    Not covered: verify steps whose requests carry different numbers of draft tokens (ragged
+    layouts), which keep sglang's metadata.
 
 Upstream PRs
     None (no upstream report; sglang's own TODO marks the path as untested).
@@ -49,34 +48,24 @@ Delete when
 from __future__ import annotations
 
 import ast
-import logging
 
-from sglang_swa_plugin.fa3_local import FA3_MODULE as MODULE, local_batches, local_metadata_class
+from sglang_swa_plugin.fa3_local import FA3_CLASS as CLASS, FA3_MODULE as MODULE, GRAPH_CAPTURE as CAPTURE
+from sglang_swa_plugin.fa3_local import GRAPH_PARAMS, GRAPH_REPLAY as REPLAY, GRAPH_STATE as STATE, OUT_GRAPH
+from sglang_swa_plugin.fa3_local import arg as _arg, cdiv as _cdiv, graph_targets, installed_graph_api
+from sglang_swa_plugin.fa3_local import local_batches, local_metadata_class
 from sglang_swa_plugin.fix import Detection, Fix, hookimpl
 from sglang_swa_plugin.probe import callee, if_branches, optional_module, own_function, target_class
 
-logger = logging.getLogger("sglang.srt.plugins.swa_plugin")
-
 NAME = "fa3_local_attn_verify"
-CLASS = MODULE + ".FlashAttentionBackend"
-STATE = CLASS + ".init_cuda_graph_state"
-CAPTURE = CLASS + ".init_forward_metadata_capture_cuda_graph"  # up to 0.5.12
-REPLAY = CLASS + ".init_forward_metadata_replay_cuda_graph"  # up to 0.5.12
-OUT_GRAPH = CLASS + ".init_forward_metadata_out_graph"  # 0.5.13+
 BUFFERS = "_swa_plugin_verify_local_attn"  # the verify graphs' static buffers, on the backend
 # Where the CUDA-graph metadata is built, per API; helpers they call.
 GRAPH_METHODS = ("init_forward_metadata_capture_cuda_graph", "init_forward_metadata_replay_cuda_graph",
                  "init_forward_metadata_out_graph", "_init_full_cg_decode_metadata", "_apply_cuda_graph_metadata",
                  "_bind_metadata_buffers")
 LOCAL_CALLS = ("build_for_capture", "update_for_replay")
-_warned: set = set()
 
 
 # ---------------------------------------------------------------------------- the fix
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _applies(self) -> bool:
@@ -90,14 +79,8 @@ def _per_request(self) -> int:
 
 def _state_with_verify_buffers(original, self, max_bs, *args, **kwargs):
     result = original(self, max_bs, *args, **kwargs)
-    if not getattr(self, "has_local_attention", False) or not (self.speculative_num_draft_tokens or 0) > 0:
-        return result
-    if (self.topk or 0) > 1:
-        if "topk" not in _warned:
-            _warned.add("topk")
-            logger.warning("sglang-swa-plugin: %s: with --speculative-eagle-topk > 1 the chunked (local) layers of "
-                           "this model attend over the whole context in target verify (FA3's cascade verify has no "
-                           "chunk); not corrected: use --speculative-eagle-topk 1", NAME)
+    if (not getattr(self, "has_local_attention", False) or not (self.speculative_num_draft_tokens or 0) > 0
+            or (self.topk or 0) > 1):
         return result
     import torch
     v = max_bs * _per_request(self)
@@ -154,10 +137,6 @@ def _verify_topk1(self, forward_mode, spec_info) -> bool:
             and (self.topk or 0) <= 1 and getattr(spec_info, "ragged_verify_layout", None) is None)
 
 
-def _arg(args, kwargs, i: int, name: str):
-    return args[i] if len(args) > i else kwargs.get(name)
-
-
 def _capture_with_local(original, self, bs, *args, **kwargs):
     # (bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info)
     result = original(self, bs, *args, **kwargs)
@@ -196,19 +175,6 @@ def _out_graph_with_local(original, self, forward_batch, *args, **kwargs):
 # ---------------------------------------------------------------------------- detection
 
 
-def graph_api(cls) -> str:
-    return "out_graph" if own_function(cls, "init_forward_metadata_out_graph") is not None else "capture_replay"
-
-
-def installed_graph_api() -> str:
-    """graph_api of the installed FA3 backend; "capture_replay" where it cannot be imported
-    (the import failure is reported once, when the targets are resolved)."""
-    try:
-        return graph_api(target_class(CLASS))
-    except Exception:  # noqa: BLE001
-        return "capture_replay"
-
-
 def verify_builds_local(cls) -> bool:
     """Whether a target-verify branch of the CUDA-graph metadata methods calls local-attention
     metadata code."""
@@ -244,17 +210,9 @@ class Fa3LocalAttnVerifyFix(Fix):
 
     @property
     def targets(self):  # the CUDA-graph metadata API changed in 0.5.13
-        if installed_graph_api() == "out_graph":
-            return (STATE, OUT_GRAPH)
-        return (STATE, CAPTURE, REPLAY)
+        return graph_targets()
 
-    @property
-    def target_params(self):
-        return {STATE: ("self", "max_bs"), OUT_GRAPH: ("self", "forward_batch", "in_capture"),
-                CAPTURE: ("self", "bs", "num_tokens", "req_pool_indices", "seq_lens", "encoder_lens",
-                          "forward_mode", "spec_info"),
-                REPLAY: ("self", "bs", "req_pool_indices", "seq_lens", "seq_lens_sum", "encoder_lens",
-                         "forward_mode", "spec_info", "seq_lens_cpu")}
+    target_params = GRAPH_PARAMS
 
     def detect(self) -> Detection:
         return classify()

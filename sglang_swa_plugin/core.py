@@ -93,6 +93,7 @@ BUILTIN_MODULES = (
     "sglang_swa_plugin.hooks.trtllm_xqa_spec_decode",
     "sglang_swa_plugin.hooks.fa3_local_attn_pages",
     "sglang_swa_plugin.hooks.fa3_local_attn_verify",
+    "sglang_swa_plugin.hooks.fa3_local_attn_tree_verify",
     "sglang_swa_plugin.hooks.swa_index_guard",
     "sglang_swa_plugin.hooks.flashinfer_swa_verify",
     "sglang_swa_plugin.hooks.triton_swa_draft",

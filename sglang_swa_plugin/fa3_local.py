@@ -1,6 +1,7 @@
 """Chunked ("local", Llama 4) attention pieces shared by the FA3 fixes
-(``fa3_local_attn_pages``, ``fa3_local_attn_verify``): sglang's own virtual-batch splitter
-with the chunk size kept as configured, and the class of its local-attention metadata."""
+(``fa3_local_attn_pages``, ``fa3_local_attn_verify``, ``fa3_local_attn_tree_verify``):
+sglang's own virtual-batch splitter with the chunk size kept as configured, the class of its
+local-attention metadata, and the FA3 backend's CUDA-graph metadata API."""
 
 from __future__ import annotations
 
@@ -11,6 +12,17 @@ from .probe import optional_module
 FA3_MODULE = "sglang.srt.layers.attention.flashattention_backend"
 BUILDER_MODULE = "sglang.srt.layers.attention.local_attention"  # 0.5.22+
 SPLITTER = "make_local_attention_virtual_batches"
+FA3_CLASS = FA3_MODULE + ".FlashAttentionBackend"
+GRAPH_STATE = FA3_CLASS + ".init_cuda_graph_state"
+GRAPH_CAPTURE = FA3_CLASS + ".init_forward_metadata_capture_cuda_graph"  # up to 0.5.12
+GRAPH_REPLAY = FA3_CLASS + ".init_forward_metadata_replay_cuda_graph"  # up to 0.5.12
+OUT_GRAPH = FA3_CLASS + ".init_forward_metadata_out_graph"  # 0.5.13+
+GRAPH_PARAMS = {
+    GRAPH_STATE: ("self", "max_bs"), OUT_GRAPH: ("self", "forward_batch", "in_capture"),
+    GRAPH_CAPTURE: ("self", "bs", "num_tokens", "req_pool_indices", "seq_lens", "encoder_lens", "forward_mode",
+                    "spec_info"),
+    GRAPH_REPLAY: ("self", "bs", "req_pool_indices", "seq_lens", "seq_lens_sum", "encoder_lens", "forward_mode",
+                   "spec_info", "seq_lens_cpu")}
 PRESERVE = "preserve_attn_chunk_size"
 
 
@@ -49,3 +61,37 @@ def local_metadata_class(metadata):
     if cls is None:
         cls = getattr(optional_module(BUILDER_MODULE), "LocalAttentionMetadata")
     return cls
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def arg(args, kwargs, i: int, name: str):
+    """Argument ``name`` of a hooked call: position ``i`` after ``self`` and the first one."""
+    return args[i] if len(args) > i else kwargs.get(name)
+
+
+def graph_api(cls) -> str:
+    """``out_graph`` (0.5.13+: ``init_forward_metadata_out_graph``) or ``capture_replay``."""
+    from .probe import own_function
+
+    return "out_graph" if own_function(cls, "init_forward_metadata_out_graph") is not None else "capture_replay"
+
+
+def installed_graph_api() -> str:
+    """graph_api of the installed FA3 backend; "capture_replay" where it cannot be imported
+    (the import failure is reported once, when the targets are resolved)."""
+    from .probe import target_class
+
+    try:
+        return graph_api(target_class(FA3_CLASS))
+    except Exception:  # noqa: BLE001
+        return "capture_replay"
+
+
+def graph_targets() -> tuple:
+    """The CUDA-graph metadata methods of the installed FA3 backend (state first)."""
+    if installed_graph_api() == "out_graph":
+        return (GRAPH_STATE, OUT_GRAPH)
+    return (GRAPH_STATE, GRAPH_CAPTURE, GRAPH_REPLAY)

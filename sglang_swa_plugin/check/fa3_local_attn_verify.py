@@ -22,11 +22,12 @@ LENS = (70, 30, 63, 6)
 CUDA_ONLY = (ImportError, NotImplementedError, RuntimeError)
 
 
-def make_bench(page_size: int):
+def make_bench(page_size: int, topk: int = 1):
     """Real pool (layers 0-2 chunked in the SWA pool, layer 3 full), allocator with diverging
     full and SWA ids, ``req_to_token`` rows for ``LENS`` plus their draft tokens, and an FA3
-    backend of a Llama 4 runner with EAGLE topk 1; every token's K in the chunked layer is its
-    own marker (1, 2, ...), written through ``SWAKVPool.set_kv_buffer``."""
+    backend of a Llama 4 runner with EAGLE ``topk`` (3 steps, 4 draft tokens); every token's K
+    in the chunked layer is its own marker (1, 2, ...), written through
+    ``SWAKVPool.set_kv_buffer``."""
     import torch
 
     ps = page_size
@@ -43,7 +44,7 @@ def make_bench(page_size: int):
         reqs.append(full[:total].to(torch.int64))
     rows, _ = tb.fill_requests(rtp, reqs)
     runner = tb.make_model_runner(kv_pool=pool, allocator=alloc, req_to_token_pool=rtp, page_size=ps,
-                                  attention_backend="fa3", model="llama4", spec_algorithm="EAGLE3", topk=1,
+                                  attention_backend="fa3", model="llama4", spec_algorithm="EAGLE3", topk=topk,
                                   num_steps=DRAFT - 1, num_draft_tokens=DRAFT)
     runner.attention_chunk_size = runner.sliding_window_size = CHUNK  # as ModelRunner sets them for Llama 4
     backend = tb.build_fa3_backend(runner)

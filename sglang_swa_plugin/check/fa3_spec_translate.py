@@ -16,9 +16,10 @@ from . import testbed as tb
 TREE = ((0,), (0, 1), (0, 2), (0, 1, 3))
 
 
-def _verify_input(custom_mask, seq_lens, topk, num_draft_tokens):
-    """A real ``EagleVerifyInput`` carrying the tree mask (the only field the FA3 metadata
-    path reads); the retrieve tensors are placeholders."""
+def verify_input(custom_mask, seq_lens, topk, num_draft_tokens, positions=None):
+    """A real ``EagleVerifyInput`` carrying the tree mask and the draft tokens' positions
+    (zeros unless given; the fields the FA3 metadata paths read); the retrieve tensors are
+    placeholders."""
     import dataclasses
 
     import torch
@@ -29,7 +30,7 @@ def _verify_input(custom_mask, seq_lens, topk, num_draft_tokens):
     values = dict(
         draft_token=torch.zeros(n, dtype=torch.int64),
         custom_mask=custom_mask,
-        positions=torch.zeros(n, dtype=torch.int64),
+        positions=torch.zeros(n, dtype=torch.int64) if positions is None else positions,
         spec_steps=max(len(t) for t in TREE) - 1,
         topk=topk,
         draft_token_num=num_draft_tokens,
@@ -80,7 +81,7 @@ def verify_bench(prefix_lens=(5, 3), full_only=30, topk=2, swa_pool=True):
     batch = tb.make_forward_batch(
         runner, "target_verify", req_pool_indices=rows, seq_lens=list(prefix_lens),
         out_cache_loc=torch.cat(drafts),
-        spec_info=_verify_input(custom_mask, list(prefix_lens), topk, num_draft),
+        spec_info=verify_input(custom_mask, list(prefix_lens), topk, num_draft),
     )
     return SimpleNamespace(
         pool=pool, allocator=alloc, held=held, runner=runner, backend=backend, batch=batch,

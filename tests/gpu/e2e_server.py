@@ -28,6 +28,9 @@ Scenarios:
   llama4_eagle issue #19 item 2 (fa3_local_attn_verify): the llama4_fa3 target in CUDA-graph
                EAGLE3 verify, page 1 and 16, topk 1 (and 2, not corrected), without / with the
                plugin, against plain decode and a graphs-off EAGLE3 control.
+  llama4_tree  issue #19 item 2, topk > 1 (fa3_local_attn_tree_verify): the llama4_fa3 target
+               in EAGLE3 tree verify (topk 2), page 1, CUDA graphs on and off, without / with
+               the plugin, against plain decode and the graphs-off topk-1 control.
   fi_verify    issue #17, flashinfer + EAGLE verify on sliding-window layers (flashinfer_swa_verify):
                a Gemma4 target whose sliding layers decide its output with stable margins
                (make_gemma4_pair) and its real-weight EAGLE draft, topk 1/2 with and without the
@@ -725,6 +728,46 @@ def scenario_llama4_eagle(out, _target, _draft):
     return res
 
 
+def scenario_llama4_tree(out, _target, _draft):
+    """Issue #19 item 2, topk > 1 (fa3_local_attn_tree_verify): Llama 4 chunked layers in FA3's
+    EAGLE3 tree verify (topk 2, 3 steps, 4 draft tokens; cascade attention). Target and
+    requests as llama4_fa3 (chunk 32, 32 prompts of 130 tokens, 64 new, 32 at once, greedy),
+    page 1 (sglang stops topk > 1 with page size > 1 on this model). CUDA graphs ON unless a
+    key says "eager"; the hybrid pool unless it says "nohybrid":
+      ref              plain decode, --disable-hybrid-swa-memory, plugin on
+      nospec_on        plain decode on the hybrid pool, plugin on (rounding between the pools)
+      control          EAGLE3 topk 1, graphs off, without the plugin (sglang's own eager topk-1
+                       verify builds the local metadata: a path upstream supports)
+      e3k2_off / on    EAGLE3 topk 2 without / with the plugin (headline)
+      e3k2_eager_off / on   the same with --disable-cuda-graph (secondary)
+      e3k2_nohybrid_on topk 2 on one pool with the plugin (the chunk half alone)
+    Judged against ref, and e3k2_on directly against control and nospec_on."""
+    root = tempfile.mkdtemp(prefix="swa_llama4_tree_")
+    target, draft = make_llama4_pair(root)
+    reqs = prompts(32, 130, seed=19)
+    nohy = ["--disable-hybrid-swa-memory"]
+    common = llama4_common(target, 1)
+    e3k1, e3k2 = eagle3(draft, topk=1), eagle3(draft, topk=2)
+    rows = {"ref": (common + nohy, ON), "nospec_on": (common, ON), "control": (eager(common + e3k1), OFF),
+            "e3k2_off": (common + e3k2, OFF), "e3k2_on": (common + e3k2, ON),
+            "e3k2_eager_off": (eager(common + e3k2), OFF), "e3k2_eager_on": (eager(common + e3k2), ON),
+            "e3k2_nohybrid_on": (common + e3k2 + nohy, ON)}
+    res = run_many({k: (f"llama4t_{k}", out, args, env, reqs, 64) for k, (args, env) in rows.items()})
+    res["judged"] = judged(res, "ref")
+    for other in ("control", "nospec_on"):
+        cmp = compare(res["e3k2_on"].get("outputs") or [], res[other].get("outputs") or [])
+        res["judged"][f"e3k2_on_vs_{other}"] = {**cmp, "bands": first_divergences(cmp)}
+    res["reference_distinct_outputs"] = len({tuple(o) for o in res["ref"].get("outputs") or [] if o})
+    for key, r in res.items():
+        if isinstance(r, dict) and "name" in r:
+            log = os.path.join(out, r["name"] + ".log")
+            text = open(log, errors="replace").read() if os.path.exists(log) else ""
+            r["illegal_memory_access"] = "illegal memory access" in text
+            r["assert_lines"] = [l[-200:] for l in text.splitlines() if "AssertionError" in l][:3]
+            r["fix_log"] = [l[-200:] for l in text.splitlines() if "fa3_local_attn_tree_verify" in l][:3]
+    return res
+
+
 # Test-side only (put on a server's PYTHONPATH, never installed): sglang 0.5.11's
 # Gemma4ForCausalLM has no get_embed_and_head (nor EAGLE3's set_eagle3_layers_to_capture), so
 # no EAGLE worker starts on it. This adds the one accessor EAGLE needs, as every other EAGLE
@@ -1329,6 +1372,7 @@ SCENARIOS = {"trtllm_eagle_accept": scenario_trtllm_eagle_accept, "xqa_verify": 
              "fa3_seq": scenario_fa3_seq, "fa3_eagle3": scenario_fa3_eagle3, "fa3_control": scenario_fa3_control,
              "guard_server": scenario_guard_server, "batched_decode": scenario_batched_decode, "cost": scenario_cost,
              "llama4_fa3": scenario_llama4_fa3, "fi_verify": scenario_fi_verify, "llama4_eagle": scenario_llama4_eagle,
+             "llama4_tree": scenario_llama4_tree,
              "triton_mtp": scenario_triton_mtp}
 
 

@@ -90,7 +90,7 @@ def _cuda_bench():
     batch = tb.make_forward_batch(
         runner, "target_verify", req_pool_indices=rows, seq_lens=list(PREFIX_LENS),
         out_cache_loc=torch.cat(drafts).cpu(),
-        spec_info=fa3_check._verify_input(custom_mask, list(PREFIX_LENS), 2, num_draft),
+        spec_info=fa3_check.verify_input(custom_mask, list(PREFIX_LENS), 2, num_draft),
     )
     for name in ("req_pool_indices", "seq_lens", "out_cache_loc", "positions", "input_ids", "orig_seq_lens"):
         if getattr(batch, name, None) is not None:

@@ -1,0 +1,295 @@
+"""fa3_local_attn_tree_verify: FA3 chunked (Llama 4 "local") layers keep their chunk in tree (topk > 1) target verify.
+
+Bug
+    With ``--speculative-eagle-topk`` > 1, FA3 verifies the draft tree by cascade attention:
+    part 1 gives every draft token the request's whole prefix (``metadata.page_table``,
+    non-causal), part 2 its ancestors in the tree (``forward_metadata_spec_decode_expand``,
+    one table for all layers), merged by their softmax statistics. Sliding-window layers leave
+    the cascade; Llama 4's chunked layers (window -1) do not, and no topk > 1 verify path
+    builds their local-attention metadata (eager, CUDA-graph capture and replay). So a chunked
+    layer attends over the whole context instead of its chunk, and on the hybrid pool it reads
+    both tables' full-pool token slots in its SWA buffer. Greedy output is wrong from the first
+    tokens (H100, sglang 0.5.11, page size 1, CUDA graphs on: 0/32 identical to plain decode).
+    This module gives the chunked layers their own two parts, computed on the device from
+    sglang's own tables of the step (no host sync, fixed shapes, so CUDA-graph capture binds
+    them and a replay refills them): part 1, each draft token's prefix from its chunk's start
+    (as one-query local-attention requests, ``metadata.local_attn_metadata``); part 2, its
+    ancestors from its chunk's start (sglang's tree table filtered by position); both in the
+    layer's own pool. The chunked layers read part 2 through a swap of
+    ``forward_metadata_spec_decode_expand`` around their ``forward_extend`` call; every other
+    layer keeps sglang's. Page size 1 only: sglang itself stops topk > 1 with page size > 1 on
+    these models (one warning at CUDA-graph set-up names any other case).
+
+Upstream PRs
+    None (no upstream report; sglang's own TODO marks Llama 4 EAGLE as untested).
+
+Affected versions
+    0.5.10-0.5.23: every release sends chunked layers through the topk > 1 cascade with the
+    shared tree table and builds them no local-attention metadata there.
+    Status by release: applied 0.5.10+.
+
+Detection
+    Structural, on the installed ``FlashAttentionBackend.forward_extend`` (its text): needed
+    when its ``use_cascade_attn`` condition names no local attention (chunked layers take the
+    cascade) and the cascade's part 2 reads ``forward_metadata_spec_decode_expand``; not
+    needed when the condition leaves local layers out. No FA3 module: not applicable; no
+    local-attention path in ``forward_extend``: target moved.
+
+Delete when
+    sglang's topk > 1 verify keeps chunked layers in their chunk (detection then says not
+    needed on every supported release).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from sglang_swa_plugin.fa3_local import FA3_CLASS as CLASS, FA3_MODULE as MODULE, GRAPH_PARAMS, OUT_GRAPH
+from sglang_swa_plugin.fa3_local import arg, graph_targets, installed_graph_api, local_metadata_class
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, hookimpl
+from sglang_swa_plugin.probe import function_text, optional_module, own_function, target_class
+
+logger = logging.getLogger("sglang.srt.plugins.swa_plugin")
+
+NAME = "fa3_local_attn_tree_verify"
+EAGER = CLASS + ".init_forward_metadata"
+FORWARD = CLASS + ".forward_extend"
+SHARED_EXPAND = "forward_metadata_spec_decode_expand"
+EXPAND = "_swa_plugin_chunked_tree_part"  # on a step's FlashAttentionMetadata: the chunked layers' part 2
+BUFFERS = "_swa_plugin_tree_verify_buffers"  # on the backend: the verify graphs' static buffers
+_warned: set = set()
+
+
+# ---------------------------------------------------------------------------- the fix
+
+
+def _tree_verify(self, mode) -> bool:
+    if not (getattr(self, "has_local_attention", False) and (self.topk or 0) > 1 and mode is not None
+            and mode.is_target_verify()):
+        return False
+    if self.page_size != 1:
+        if "page" not in _warned:
+            _warned.add("page")
+            logger.warning("sglang-swa-plugin: %s: page size %d: the chunked (local) layers of this model attend "
+                           "over the whole context in topk > 1 target verify; not corrected (page size 1 only)",
+                           NAME, self.page_size)
+        return False
+    return True
+
+
+def _buffers(self, rows: int, device) -> dict:
+    import torch
+
+    n, c = int(self.speculative_num_draft_tokens), int(self.attention_chunk_size)
+    i32 = dict(dtype=torch.int32, device=device)
+    return {"cu_q": torch.arange(rows + 1, **i32), "prefix_len": torch.zeros(rows, **i32),
+            "prefix": torch.zeros(rows, c, **i32), "tree_len": torch.zeros(rows, **i32),
+            "tree_cu": torch.zeros(rows + 1, **i32), "tree": torch.zeros(rows, n, **i32)}
+
+
+def _bind(self, metadata, bufs: dict, rows: int) -> None:
+    """The step's metadata reads views of ``bufs``: part 1 as one-query local-attention
+    requests (``local_attn_metadata``), part 2 as a tree table of its own (``EXPAND``)."""
+    n, c = int(self.speculative_num_draft_tokens), int(self.attention_chunk_size)
+    metadata.local_attn_metadata = local_metadata_class(metadata)(
+        local_query_start_loc=bufs["cu_q"][: rows + 1], local_seqused_k=bufs["prefix_len"][:rows],
+        local_block_table=bufs["prefix"][:rows], local_max_query_len=1, local_max_seq_len=c)
+    part2 = type(metadata)()
+    part2.page_table, part2.cache_seqlens_int32 = bufs["tree"][:rows], bufs["tree_len"][:rows]
+    part2.cu_seqlens_q, part2.cu_seqlens_k = bufs["cu_q"][: rows + 1], bufs["tree_cu"][: rows + 1]
+    part2.max_seq_len_q, part2.max_seq_len_k = 1, n
+    setattr(metadata, EXPAND, part2)
+
+
+def _fill(self, bufs: dict, bs: int, req_pool_indices, seq_lens, positions, metadata, expand) -> None:
+    """The chunked layers' two parts of the step, on the device. Draft token i of request r at
+    position p sees the keys at positions [p - p % chunk, p]: part 1 the prefix ones (from
+    sglang's prefix table), part 2 its ancestors (sglang's tree table, positions found by
+    matching its slots with the request's draft slots); both translated to the SWA pool."""
+    import torch
+
+    n, c, rows = int(self.speculative_num_draft_tokens), int(self.attention_chunk_size), bs * int(
+        self.speculative_num_draft_tokens)
+    prefix_lens = seq_lens[:bs].to(torch.int64)
+    pos = prefix_lens.repeat_interleave(n)  # padded rows (graph replays): depth 0
+    known = min(positions.numel(), rows)
+    pos[:known] = positions[:known]
+    start = pos - pos % c
+    dev, idx = pos.device, torch.arange(n, device=pos.device)
+    # part 1: the prefix from the chunk's start, one row per draft token
+    table = metadata.page_table[:bs]
+    req = torch.arange(bs, device=dev).repeat_interleave(n)
+    cols = (start[:, None] + torch.arange(c, device=dev)).clamp_(max=table.shape[1] - 1)
+    prefix = table[req[:, None], cols].to(torch.int64)
+    prefix_len = (prefix_lens.repeat_interleave(n) - start).clamp_(min=0)
+    # part 2: the ancestors from the chunk's start
+    tree = expand.page_table[:rows, :n].to(torch.int64)
+    draft_cols = (prefix_lens[:, None] + idx).clamp_(max=self.req_to_token.shape[1] - 1)
+    draft = self.req_to_token[req_pool_indices[:bs, None].to(torch.int64), draft_cols]  # slots, draft order
+    hit = tree[:, :, None] == draft.repeat_interleave(n, 0)[:, None, :]
+    key_pos = (hit * pos.view(bs, n).repeat_interleave(n, 0)[:, None, :]).sum(-1)
+    keep = (idx < expand.cache_seqlens_int32[:rows, None]) & (key_pos >= start[:, None])
+    tree = tree.gather(1, torch.sort(torch.where(keep, idx, idx + n), dim=1).indices)
+    if self.use_sliding_window_kv_pool:
+        prefix = self.token_to_kv_pool.translate_loc_from_full_to_swa(prefix)
+        tree = self.token_to_kv_pool.translate_loc_from_full_to_swa(tree)
+    tree_len = keep.sum(1)
+    bufs["prefix"][:rows].copy_(prefix)
+    bufs["prefix_len"][:rows].copy_(prefix_len)
+    bufs["tree"][:rows].copy_(tree)
+    bufs["tree_len"][:rows].copy_(tree_len)
+    bufs["tree_cu"][1: rows + 1].copy_(torch.cumsum(tree_len, 0))
+
+
+def _step(self, metadata, expand, bs, req_pool_indices, seq_lens, spec_info, positions=None, bufs=None) -> None:
+    """Fill (and, eager or at capture, bind) the chunked layers' parts for one step."""
+    positions = getattr(spec_info, "positions", None) if positions is None else positions
+    if positions is None:  # capture without positions: the rows' first draft position
+        positions = seq_lens[:0]
+    if bufs is None:  # eager: this step's own tensors
+        bufs = _buffers(self, bs * int(self.speculative_num_draft_tokens), seq_lens.device)
+        _bind(self, metadata, bufs, bs * int(self.speculative_num_draft_tokens))
+    _fill(self, bufs, bs, req_pool_indices, seq_lens, positions, metadata, expand)
+
+
+def _positions(forward_batch):
+    """The draft tokens' positions: the verify input's, else the batch's."""
+    positions = getattr(forward_batch.spec_info, "positions", None)
+    return getattr(forward_batch, "positions", None) if positions is None else positions
+
+
+def _eager(original, self, forward_batch, *args, **kwargs):
+    result = original(self, forward_batch, *args, **kwargs)
+    if _tree_verify(self, forward_batch.forward_mode):
+        _step(self, self.forward_metadata, getattr(self, SHARED_EXPAND), forward_batch.batch_size,
+              forward_batch.req_pool_indices, forward_batch.seq_lens, forward_batch.spec_info,
+              positions=_positions(forward_batch))
+    return result
+
+
+def _state(original, self, max_bs, *args, **kwargs):
+    result = original(self, max_bs, *args, **kwargs)
+    if getattr(self, "has_local_attention", False) and (self.topk or 0) > 1 and self.page_size == 1:
+        self.__dict__[BUFFERS] = _buffers(self, max_bs * int(self.speculative_num_draft_tokens), self.device)
+    return result
+
+
+def _graph_step(self, bs, req_pool_indices, seq_lens, spec_info, in_capture, positions=None) -> None:
+    bufs = self.__dict__.get(BUFFERS)
+    if bufs is None:
+        return
+    metadata = self.target_verify_metadata_topk_normal[bs]
+    if in_capture or getattr(metadata, EXPAND, None) is None:
+        _bind(self, metadata, bufs, bs * int(self.speculative_num_draft_tokens))
+    _step(self, metadata, self.target_verify_metadata_topk_expand[bs], bs, req_pool_indices, seq_lens, spec_info,
+          positions=positions, bufs=bufs)
+
+
+def _capture(original, self, bs, *args, **kwargs):
+    # (bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info)
+    result = original(self, bs, *args, **kwargs)
+    if _tree_verify(self, arg(args, kwargs, 4, "forward_mode")):
+        _graph_step(self, bs, arg(args, kwargs, 1, "req_pool_indices"), arg(args, kwargs, 2, "seq_lens"),
+                    arg(args, kwargs, 5, "spec_info"), True)
+    return result
+
+
+def _replay(original, self, bs, *args, **kwargs):
+    # (bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu)
+    result = original(self, bs, *args, **kwargs)
+    if _tree_verify(self, arg(args, kwargs, 4, "forward_mode")):
+        _graph_step(self, bs, arg(args, kwargs, 0, "req_pool_indices"), arg(args, kwargs, 1, "seq_lens"),
+                    arg(args, kwargs, 5, "spec_info"), False)
+    return result
+
+
+def _out_graph(original, self, forward_batch, *args, **kwargs):
+    result = original(self, forward_batch, *args, **kwargs)
+    if _tree_verify(self, forward_batch.forward_mode):
+        _graph_step(self, forward_batch.batch_size, forward_batch.req_pool_indices, forward_batch.seq_lens,
+                    forward_batch.spec_info, bool(arg(args, kwargs, 0, "in_capture")),
+                    positions=_positions(forward_batch))
+    return result
+
+
+def _chunked_layers_own_tree(original, self, q, k, v, layer, forward_batch, *args, **kwargs):
+    part2 = getattr(getattr(self, "forward_metadata", None), EXPAND, None)
+    if part2 is None or not getattr(layer, "use_irope", False) or not forward_batch.forward_mode.is_target_verify():
+        return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
+    shared = getattr(self, SHARED_EXPAND)
+    setattr(self, SHARED_EXPAND, part2)
+    try:
+        return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
+    finally:
+        setattr(self, SHARED_EXPAND, shared)
+
+
+# ---------------------------------------------------------------------------- detection
+
+
+def _statement(text: str, name: str) -> str:
+    """The text of ``name = ...`` in ``text`` up to where its brackets close ("" if none)."""
+    m = re.search(rf"^\s*{name}\s*=", text, flags=re.M)
+    if m is None:
+        return ""
+    depth, i = 0, m.end()
+    while i < len(text):
+        ch = text[i]
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == "\n" and depth <= 0:
+            break
+        i += 1
+    return text[m.start():i]
+
+
+def classify() -> Detection:
+    if optional_module(MODULE) is None:
+        return Detection.not_applicable("this sglang has no FA3 backend module")
+    forward_extend = own_function(target_class(CLASS), "forward_extend")
+    if forward_extend is None:
+        raise TargetMissing(FORWARD)
+    text = function_text(forward_extend)
+    cascade = _statement(text, "use_cascade_attn")
+    if not cascade or SHARED_EXPAND not in text or "local_attn_metadata" not in text:
+        return Detection.unknown(f"target moved: {FORWARD} has no cascade verify over {SHARED_EXPAND} or no "
+                                 "local-attention path")
+    if re.search(r"local|irope", cascade):
+        return Detection.not_needed("chunked (local) layers leave the topk > 1 cascade verify")
+    return Detection.needed("chunked (local) layers take the topk > 1 cascade verify with the whole prefix and the "
+                            "shared tree table, in the full pool's slots")
+
+
+class Fa3LocalAttnTreeVerifyFix(Fix):
+    name = NAME
+    summary = "FA3 chunked (Llama 4 local) layers keep their chunk, in their own pool, in topk > 1 target verify"
+    upstream_prs = ()
+    check_module = "sglang_swa_plugin.check.fa3_local_attn_tree_verify"
+    target_params = {**GRAPH_PARAMS, EAGER: ("self", "forward_batch"),
+                     FORWARD: ("self", "q", "k", "v", "layer", "forward_batch")}
+
+    @property
+    def targets(self):  # the CUDA-graph metadata API changed in 0.5.13
+        return (EAGER, FORWARD) + graph_targets()
+
+    def detect(self) -> Detection:
+        return classify()
+
+    def install(self, hooks) -> None:
+        hooks.around(EAGER, _eager)
+        hooks.around(FORWARD, _chunked_layers_own_tree)
+        state, *graph = graph_targets()
+        hooks.around(state, _state)
+        if installed_graph_api() == "out_graph":
+            hooks.around(OUT_GRAPH, _out_graph)
+        else:
+            hooks.around(graph[0], _capture)
+            hooks.around(graph[1], _replay)
+
+
+FIX = Fa3LocalAttnTreeVerifyFix()
+
+
+@hookimpl
+def sglang_swa_plugin_fixes():
+    return [FIX]

@@ -31,6 +31,9 @@ Scenarios:
   llama4_tree  issue #19 item 2, topk > 1 (fa3_local_attn_tree_verify): the llama4_fa3 target
                in EAGLE3 tree verify (topk 2), page 1, CUDA graphs on and off, without / with
                the plugin, against plain decode and the graphs-off topk-1 control.
+  llama4_tree_wide  the rounding control of llama4_tree: the same model with a chunk wider
+               than every request (its chunked layers then attend over the whole context, so
+               stock topk 2 on one pool is exact up to rounding), stock and with the plugin.
   fi_verify    issue #17, flashinfer + EAGLE verify on sliding-window layers (flashinfer_swa_verify):
                a Gemma4 target whose sliding layers decide its output with stable margins
                (make_gemma4_pair) and its real-weight EAGLE draft, topk 1/2 with and without the
@@ -768,6 +771,33 @@ def scenario_llama4_tree(out, _target, _draft):
     return res
 
 
+def scenario_llama4_tree_wide(out, _target, _draft):
+    """The rounding control of llama4_tree. The same weights with a chunk of 256 tokens, wider
+    than every request (130 + 64): its chunked layers attend over the whole context, so
+    sglang's own topk-2 cascade verify on one pool (--disable-hybrid-swa-memory, no index
+    translation) is right up to kernel rounding (the cascade merges two bf16 partial outputs
+    where plain decode makes one). Page 1, CUDA graphs ON:
+      ref                plain decode, one pool, plugin on
+      k2_stock_nohybrid  EAGLE3 topk 2, one pool, without the plugin: the cascade's own rounding
+      k2_on_nohybrid     the same with the plugin (its two parts carry the same keys here)
+      k2_on              EAGLE3 topk 2 on the hybrid pool with the plugin
+    Judged against ref, and k2_on / k2_on_nohybrid against k2_stock_nohybrid."""
+    root = tempfile.mkdtemp(prefix="swa_llama4_wide_")
+    target, draft = make_llama4_pair(root, chunk=256)
+    reqs = prompts(32, 130, seed=19)
+    nohy = ["--disable-hybrid-swa-memory"]
+    common, e3k2 = llama4_common(target, 1), eagle3(draft, topk=2)
+    rows = {"ref": (common + nohy, ON), "k2_stock_nohybrid": (common + e3k2 + nohy, OFF),
+            "k2_on_nohybrid": (common + e3k2 + nohy, ON), "k2_on": (common + e3k2, ON)}
+    res = run_many({k: (f"llama4w_{k}", out, args, env, reqs, 64) for k, (args, env) in rows.items()})
+    res["judged"] = judged(res, "ref")
+    for key in ("k2_on", "k2_on_nohybrid"):
+        cmp = compare(res[key].get("outputs") or [], res["k2_stock_nohybrid"].get("outputs") or [])
+        res["judged"][f"{key}_vs_k2_stock_nohybrid"] = {**cmp, "bands": first_divergences(cmp)}
+    res["reference_distinct_outputs"] = len({tuple(o) for o in res["ref"].get("outputs") or [] if o})
+    return res
+
+
 # Test-side only (put on a server's PYTHONPATH, never installed): sglang 0.5.11's
 # Gemma4ForCausalLM has no get_embed_and_head (nor EAGLE3's set_eagle3_layers_to_capture), so
 # no EAGLE worker starts on it. This adds the one accessor EAGLE needs, as every other EAGLE
@@ -1372,7 +1402,7 @@ SCENARIOS = {"trtllm_eagle_accept": scenario_trtllm_eagle_accept, "xqa_verify": 
              "fa3_seq": scenario_fa3_seq, "fa3_eagle3": scenario_fa3_eagle3, "fa3_control": scenario_fa3_control,
              "guard_server": scenario_guard_server, "batched_decode": scenario_batched_decode, "cost": scenario_cost,
              "llama4_fa3": scenario_llama4_fa3, "fi_verify": scenario_fi_verify, "llama4_eagle": scenario_llama4_eagle,
-             "llama4_tree": scenario_llama4_tree,
+             "llama4_tree": scenario_llama4_tree, "llama4_tree_wide": scenario_llama4_tree_wide,
              "triton_mtp": scenario_triton_mtp}
 
 

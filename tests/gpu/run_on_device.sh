@@ -6,7 +6,7 @@
 #   bash tests/gpu/run_on_device.sh STEP [STEP ...]
 # Steps: unpack | unpack12 | smoke | trtllm_eagle_accept | xqa_verify | fa3_seq | fa3_eagle3 | fa3_control | cost | fp8 | fp8w |
 #        guard_kernel | guard_server | gpu_tests | bench_decode | bench_fix_step | graph_kernel | bench_xqa | servers | fi7 | pack |
-#        llama4 | llama4_eagle | llama4_tree | fi_kernel | bench_fi | fi_verify | triton_mtp
+#        llama4 | llama4_eagle | llama4_tree | llama4_tree_wide | fi_kernel | bench_fi | fi_verify | triton_mtp
 # servers: SCENARIOS="xqa_verify trtllm_eagle_accept ..." PARALLEL=N (side by side on the GPU)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -91,6 +91,9 @@ for step in "$@"; do
     llama4_tree)  # issue #19 item 2, topk > 1 (fa3_local_attn_tree_verify): 8 servers side by side
       PARALLEL=${PARALLEL:-8} MEM_FRACTION=${MEM_FRACTION:-0.85} START_TIMEOUT=${START_TIMEOUT:-420} \
         PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-530} python3 tests/gpu/e2e_server.py llama4_tree --out "$OUT" 2>&1 | tail -5 ;;
+    llama4_tree_wide)  # the rounding control of llama4_tree: 4 servers side by side
+      PARALLEL=${PARALLEL:-4} MEM_FRACTION=${MEM_FRACTION:-0.85} START_TIMEOUT=${START_TIMEOUT:-420} \
+        PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-530} python3 tests/gpu/e2e_server.py llama4_tree_wide --out "$OUT" 2>&1 | tail -5 ;;
     pack)  # at most 8 files come back: everything under $OUT into one archive
       (cd "$OUT" && tar czf "/tmp/results.tgz" . && find . -mindepth 1 -delete && mv /tmp/results.tgz "$OUT/results_$(date +%H%M%S).tgz") ;;
     gpu_tests)

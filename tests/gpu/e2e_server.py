@@ -26,7 +26,7 @@ Scenarios:
                and 16, plain decode and EAGLE3 topk 1 / 2, without and with the plugin,
                against plain decode on one pool (--disable-hybrid-swa-memory).
   llama4_eagle issue #19 item 2 (fa3_local_attn_verify): the llama4_fa3 target in CUDA-graph
-               EAGLE3 verify, page 1 and 16, topk 1 (and 2, not corrected), without / with the
+               EAGLE3 verify, page 1 and 16, topk 1 (and 2), without / with the
                plugin, against plain decode and a graphs-off EAGLE3 control.
   llama4_tree  issue #19 item 2, topk > 1 (fa3_local_attn_tree_verify): the llama4_fa3 target
                in EAGLE3 tree verify (topk 2), page 1, CUDA graphs on and off, without / with
@@ -694,7 +694,7 @@ def scenario_llama4_eagle(out, _target, _draft):
                     local metadata itself; 32/32 at page 1 on the last run): page 1 without
                     the plugin, page 16 with it (the eager page-id half is fa3_local_attn_pages)
     Page 1 also: e3k1_nohybrid_on (one pool, the chunk half alone) and e3k2_off/on (topk 2:
-    not corrected, the plugin logs a warning; wrong either way). Judged against ref, and
+    fa3_local_attn_tree_verify's; llama4_tree is its scenario). Judged against ref, and
     e3k1_on directly against control and nospec_on."""
     root = tempfile.mkdtemp(prefix="swa_llama4_eagle_")
     target, draft = make_llama4_pair(root)

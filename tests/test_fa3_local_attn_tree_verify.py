@@ -12,7 +12,6 @@ replay methods of both APIs. Without the fix every draft token reads other KV on
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import logging
 

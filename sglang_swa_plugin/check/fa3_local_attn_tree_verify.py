@@ -9,12 +9,11 @@ import contextlib
 from types import SimpleNamespace
 
 from ..fa3_local import FA3_MODULE as MODULE
-from ..fix import ScenarioUnavailable
 from ..hooks.fa3_spec_translate import KERNEL as SWA_SPEC_KERNEL
 from ..probe import optional_module, swapped
 from . import Outcome
 from . import testbed as tb
-from .fa3_local_attn_verify import CHUNK, CUDA_ONLY, DRAFT, LENS, SWA_LAYER, graph_api, make_bench
+from .fa3_local_attn_verify import CHUNK, CUDA_ONLY, LENS, SWA_LAYER, graph_api, graph_outcome, make_bench  # noqa: F401
 from .fa3_spec_translate import TREE, verify_input
 from .kernels import cpu_kernels
 
@@ -158,24 +157,16 @@ def replay_step(be, bs: int, step) -> None:
                                                    step.spec_info, step.seq_lens_cpu)
 
 
-def wrong(pairs) -> int:
-    return sum(1 for got, want in pairs if got != want)
-
-
 def scenario() -> Outcome:
     """FA3's CUDA-graph target verify with an EAGLE tree (topk 2, 4 draft tokens, chunk 32,
     page size 1) over a real SWAKVPool: does each draft token of a chunked layer read
     exactly its chunk's prefix and ancestors from the SWA pool, once. ``seen``: draft tokens
     that read other KV, of all."""
-    if optional_module(MODULE) is None:
-        raise ScenarioUnavailable(f"no FA3 backend: {MODULE}")
-    try:
+    def run():
         bench = make_bench(1, topk=2)
-        calls = graph_verify(bench)
-    except CUDA_ONLY as e:
-        raise ScenarioUnavailable(f"the verify graph metadata of {MODULE} runs a CUDA or Triton kernel here: {e}") from e
-    bad = wrong(reads(bench, calls))
-    return Outcome(bad > 0, {"wrong_queries": bad, "of": len(LENS) * DRAFT})
+        return reads(bench, graph_verify(bench))
+
+    return graph_outcome(run)
 
 
 def reproduce() -> bool:

@@ -624,6 +624,21 @@ def llama4_common(target: str, ps: int) -> list:
     return base + ["--model-path", target, "--attention-backend", "fa3", "--cuda-graph-max-bs", "32"]
 
 
+def log_facts(res: dict, out: str, fix: str = None, key: str = "fix_log", asserts=("AssertionError",)) -> dict:
+    """Every run of ``res`` gets what its server log shows: an illegal memory access, its first
+    assertion lines (lines naming one of ``asserts``) and, with ``fix``, the plugin's lines
+    naming that fix (under ``key``)."""
+    for r in res.values():
+        if isinstance(r, dict) and "name" in r:
+            log = os.path.join(out, r["name"] + ".log")
+            lines = (open(log, errors="replace").read() if os.path.exists(log) else "").splitlines()
+            r["illegal_memory_access"] = any("illegal memory access" in l for l in lines)
+            r["assert_lines"] = [l[-200:] for l in lines if any(a in l for a in asserts)][:3]
+            if fix:
+                r[key] = [l[-200:] for l in lines if fix in l][:3]
+    return res
+
+
 def scenario_llama4_fa3(out, _target, _draft):
     """Issue #19: Llama 4 chunked ("local") layers on FA3, the SWA-pool layers of the hybrid
     pool. Target: make_llama4_pair (chunk 32; its chunked layers decide its output). 32
@@ -672,13 +687,7 @@ def scenario_llama4_fa3(out, _target, _draft):
         res[f"ps{ps}_reference_distinct_outputs"] = len({tuple(o) for o in mine["ref"].get("outputs") or [] if o})
     cmp = compare(res["ps16_ref"].get("outputs") or [], res["ps1_ref"].get("outputs") or [])
     res["ps16_ref_vs_ps1_ref"] = {**cmp, "bands": first_divergences(cmp)}
-    for key, r in res.items():
-        if isinstance(r, dict) and "name" in r:
-            log = os.path.join(out, r["name"] + ".log")
-            text = open(log, errors="replace").read() if os.path.exists(log) else ""
-            r["illegal_memory_access"] = "illegal memory access" in text
-            r["assert_lines"] = [l[-200:] for l in text.splitlines() if "AssertionError" in l or "page size > 1" in l][:3]
-    return res
+    return log_facts(res, out, asserts=("AssertionError", "page size > 1"))
 
 
 def scenario_llama4_eagle(out, _target, _draft):
@@ -721,14 +730,7 @@ def scenario_llama4_eagle(out, _target, _draft):
             cmp = compare(mine["e3k1_on"].get("outputs") or [], mine[other].get("outputs") or [])
             res[f"ps{ps}_judged"][f"e3k1_on_vs_{other}"] = {**cmp, "bands": first_divergences(cmp)}
         res[f"ps{ps}_reference_distinct_outputs"] = len({tuple(o) for o in mine["ref"].get("outputs") or [] if o})
-    for key, r in res.items():
-        if isinstance(r, dict) and "name" in r:
-            log = os.path.join(out, r["name"] + ".log")
-            text = open(log, errors="replace").read() if os.path.exists(log) else ""
-            r["illegal_memory_access"] = "illegal memory access" in text
-            r["assert_lines"] = [l[-200:] for l in text.splitlines() if "AssertionError" in l][:3]
-            r["verify_fix_log"] = [l[-200:] for l in text.splitlines() if "fa3_local_attn_verify" in l][:3]
-    return res
+    return log_facts(res, out, fix="fa3_local_attn_verify", key="verify_fix_log")
 
 
 def scenario_llama4_tree(out, _target, _draft):
@@ -761,14 +763,7 @@ def scenario_llama4_tree(out, _target, _draft):
         cmp = compare(res["e3k2_on"].get("outputs") or [], res[other].get("outputs") or [])
         res["judged"][f"e3k2_on_vs_{other}"] = {**cmp, "bands": first_divergences(cmp)}
     res["reference_distinct_outputs"] = len({tuple(o) for o in res["ref"].get("outputs") or [] if o})
-    for key, r in res.items():
-        if isinstance(r, dict) and "name" in r:
-            log = os.path.join(out, r["name"] + ".log")
-            text = open(log, errors="replace").read() if os.path.exists(log) else ""
-            r["illegal_memory_access"] = "illegal memory access" in text
-            r["assert_lines"] = [l[-200:] for l in text.splitlines() if "AssertionError" in l][:3]
-            r["fix_log"] = [l[-200:] for l in text.splitlines() if "fa3_local_attn_tree_verify" in l][:3]
-    return res
+    return log_facts(res, out, fix="fa3_local_attn_tree_verify")
 
 
 def scenario_llama4_tree_wide(out, _target, _draft):

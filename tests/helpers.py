@@ -112,17 +112,19 @@ def plugin_log_lines(proc: subprocess.CompletedProcess) -> list:
 def without_fix(cls, attr: str, fix_name: str = None):
     """``cls.attr`` as sglang defines it for the block, whatever installed ``fix_name`` (None:
     any fix of ours) on it in this process (on sglang without a plugin framework the start-up
-    hook installs the needed fixes for good when sglang's model runner is imported)."""
+    hook installs the needed fixes for good when sglang's model runner is imported). Wrappers
+    another fix installed over ``fix_name``'s are peeled with it."""
     from sglang_swa_plugin.patching import marked_by
     from sglang_swa_plugin.probe import swapped
 
-    def ours(f):
-        mark = marked_by(f)
-        return mark is not None if fix_name is None else mark == fix_name
-
     fn = original = cls.__dict__[attr]
-    while ours(fn) and getattr(fn, "__wrapped__", None) is not None:
+    chain = []  # our wrappers, outermost first (another fix may have wrapped over fix_name's)
+    while marked_by(fn) is not None and getattr(fn, "__wrapped__", None) is not None:
+        chain.append(fn)
         fn = fn.__wrapped__
+    if fix_name is not None:
+        theirs = [i for i, w in enumerate(chain) if marked_by(w) == fix_name]
+        fn = chain[theirs[-1]].__wrapped__ if theirs else original  # and whatever sits above it
     if fn is original:
         yield
         return

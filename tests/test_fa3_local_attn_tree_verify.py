@@ -102,14 +102,14 @@ def test_graph_padded_replay_and_a_second_replay():
             setattr(step, name, torch.cat([getattr(step, name), torch.full((2,), pad, dtype=torch.int64)]))
         step.batch_size = 4
         with sc.recorded_kernels([], be):
-            sc.replay_step(be, 4, step)
+            sc.replay(be, 4, step)
         markers, bench.markers = bench.markers, [bench.markers[2], bench.markers[1]]
         pairs = sc.reads(bench, calls, lens=lens)
         assert all(g == w for g, w in pairs), show(pairs)
         assert [int(x) for x in calls[0].seqused_k[2 * n:]] == [1] * (2 * n)  # padding: its row's one token
         bench.markers = markers
         with sc.recorded_kernels([], be):
-            sc.replay_step(be, 4, sc.tree_batch(bench))
+            sc.replay(be, 4, sc.tree_batch(bench))
         pairs = sc.reads(bench, calls)
         assert all(g == w for g, w in pairs), show(pairs)
 

@@ -13,7 +13,7 @@ from ..hooks.fa3_spec_translate import KERNEL as SWA_SPEC_KERNEL
 from ..probe import optional_module, swapped
 from . import Outcome
 from . import testbed as tb
-from .fa3_local_attn_verify import CHUNK, CUDA_ONLY, LENS, SWA_LAYER, graph_api, graph_outcome, make_bench  # noqa: F401
+from .fa3_local_attn_verify import CHUNK, CUDA_ONLY, LENS, SWA_LAYER, capture, graph_outcome, make_bench, replay  # noqa: F401
 from .fa3_spec_translate import TREE, verify_input
 from .kernels import cpu_kernels
 
@@ -137,24 +137,10 @@ def graph_verify(bench, lens=LENS):
         be.init_cuda_graph_state(8, 8 * n)
         cap = tree_batch(bench, [1] * bs)
         cap.out_cache_loc = torch.zeros(bs * n, dtype=torch.int64)
-        if graph_api(be) == "out_graph":
-            be.init_forward_metadata_out_graph(cap, in_capture=True)
-        else:
-            be.init_forward_metadata_capture_cuda_graph(bs, bs * n, cap.req_pool_indices, cap.seq_lens, None,
-                                                        cap.forward_mode, cap.spec_info)
+        capture(be, bs, cap)
         run_layer(bench, cap, calls)
-        replay_step(be, bs, tree_batch(bench, lens))
+        replay(be, bs, tree_batch(bench, lens))
     return calls
-
-
-def replay_step(be, bs: int, step) -> None:
-    """The runner's replay-time metadata call for ``step`` (padded to ``bs`` by the caller)."""
-    if graph_api(be) == "out_graph":
-        be.init_forward_metadata_out_graph(step, in_capture=False)
-    else:
-        be.init_forward_metadata_replay_cuda_graph(bs, step.req_pool_indices, step.seq_lens,
-                                                   int(step.seq_lens.sum()), None, step.forward_mode,
-                                                   step.spec_info, step.seq_lens_cpu)
 
 
 def scenario() -> Outcome:

@@ -111,11 +111,7 @@ def graph_verify(bench, lens=LENS):
     be.init_cuda_graph_state(8, 8 * DRAFT)
     cap = tb.make_forward_batch(bench.runner, "target_verify", seq_lens=[1] * bs,
                                 out_cache_loc=torch.zeros(bs * DRAFT, dtype=torch.int64))
-    if graph_api(be) == "out_graph":
-        be.init_forward_metadata_out_graph(cap, in_capture=True)
-    else:
-        be.init_forward_metadata_capture_cuda_graph(bs, bs * DRAFT, cap.req_pool_indices, cap.seq_lens, None,
-                                                    cap.forward_mode, cap.spec_info)
+    capture(be, bs, cap)
     metadata = be.forward_metadata
     view = kernel_view(be, metadata)  # what the captured kernels read
     out_loc = torch.cat([r[n:n + DRAFT] for r, n in zip(bench.reqs, lens)])
@@ -124,6 +120,15 @@ def graph_verify(bench, lens=LENS):
     replay(be, bs, step)
     assert be.forward_metadata is metadata, "the replay uses the captured metadata"
     return view, metadata
+
+
+def capture(be, bs: int, cap) -> None:
+    """The runner's capture-time metadata call for the capture batch ``cap``."""
+    if graph_api(be) == "out_graph":
+        be.init_forward_metadata_out_graph(cap, in_capture=True)
+    else:
+        be.init_forward_metadata_capture_cuda_graph(bs, cap.positions.numel(), cap.req_pool_indices, cap.seq_lens,
+                                                    None, cap.forward_mode, cap.spec_info)
 
 
 def replay(be, bs: int, step) -> None:

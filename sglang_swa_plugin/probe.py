@@ -106,21 +106,20 @@ def _block(lines: "list", first: int, end: int) -> int:
 
 def _dedent(block: "list") -> str:
     """``textwrap.dedent("".join(block))`` for a block whose first line is the least indented
-    (a def and its body), without its regular expressions; ``textwrap.dedent`` otherwise."""
-    first = block[0]
+    (a def and its body), by string operations (``textwrap`` runs three regular expressions
+    over the text): where no line is whitespace-only but for its newline, and every other
+    line starts with the first one's indentation, that indentation is what ``textwrap``
+    removes, from every line that starts with it. ``textwrap.dedent`` otherwise."""
+    first, text = block[0], "".join(block)
     margin = first[: len(first) - len(first.lstrip(" \t"))]
-    if margin:
-        n, out = len(margin), []
-        for line in block:
-            body = line[:-1] if line.endswith("\n") else line
-            if not body.strip(" \t"):  # whitespace only: emptied, as textwrap does
-                out.append(line[len(body):])
-            elif line.startswith(margin):
-                out.append(line[n:])
-            else:
-                return textwrap.dedent("".join(block))
-        return "".join(out)
-    return textwrap.dedent("".join(block))
+    if " \n" in text or "\t\n" in text or text.endswith((" ", "\t")):  # whitespace-only lines, maybe
+        return textwrap.dedent(text)
+    if not margin:
+        return text
+    text = "\n" + text
+    if text.count("\n" + margin) + block.count("\n") != len(block):
+        return textwrap.dedent(text[1:])
+    return text.replace("\n" + margin, "\n")[1:]
 
 
 @functools.lru_cache(maxsize=256)

@@ -182,7 +182,7 @@ def verify_builds_local(cls) -> bool:
         fn = own_function(cls, name)
         if fn is None:
             continue
-        for node in if_branches(fn, "is_target_verify"):
+        for node in if_branches(fn, "is_target_verify", mentioning=("local_attn",) + LOCAL_CALLS):
             called = {callee(c) or "" for stmt in node.body for c in ast.walk(stmt) if isinstance(c, ast.Call)}
             if any("local_attn" in c or c in LOCAL_CALLS for c in called):
                 return True

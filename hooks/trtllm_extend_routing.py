@@ -65,9 +65,10 @@ import inspect
 from typing import Any, Callable, Sequence
 
 from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, hookimpl
-from sglang_swa_plugin.probe import callee, function_text, optional_module, own_function, swapped
+from sglang_swa_plugin.probe import callee, function_text, if_branches, optional_module, own_function, swapped
 from sglang_swa_plugin.trtllm_mha import (FORWARD_EXTEND as TARGET, FORWARD_EXTEND_PARAMS, MODULE, V2_TEST, Reading,
-                                          backend_class, reading, routes_v2_to_decode, syntax, v2_branches)
+                                          backend_class, reading, routes_v2_to_decode, syntax, tests_v2,
+                                          v2_branches)
 
 
 # ---------------------------------------------------------------------------- the fix
@@ -110,7 +111,8 @@ def uniform_v2_metadata(cls: type) -> bool:
     flashinfer base class has its own graph path) has a DRAFT_EXTEND_V2 branch, and none of
     them is built from the accepted lengths (#25002). Only methods whose text names
     ``is_draft_extend_v2`` can hold such a branch and only those naming ``cumsum`` a ragged
-    one: these are all parsed; of the others, only as many as it takes to find a branch."""
+    one: these are all parsed; of the others, only as many as it takes to find a branch (an
+    ``if`` statement on it is found by ``if_branches`` without parsing the method)."""
     seen, methods = set(), []
     for klass in (k for k in cls.__mro__ if k.__module__ == cls.__module__):
         for name, raw in vars(klass).items():
@@ -124,6 +126,9 @@ def uniform_v2_metadata(cls: type) -> bool:
     for raw, may_be_ragged in sorted(methods, key=lambda m: not m[1]):
         if found and not may_be_ragged:
             break  # can neither add a ragged branch nor change that one exists
+        if not may_be_ragged and any(tests_v2(n.test) for n in if_branches(raw, V2_TEST)):
+            found = True  # an ``if`` on DRAFT_EXTEND_V2, parsed alone (no parse of the method)
+            continue
         tree = syntax(raw)
         bodies = list(v2_branches(tree))
         found = found or bool(bodies)

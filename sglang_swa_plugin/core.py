@@ -7,7 +7,6 @@ import importlib
 import logging
 from dataclasses import asdict, dataclass, field
 import os
-import re
 import sys
 from importlib.metadata import PathDistribution, entry_points
 from pathlib import Path
@@ -104,14 +103,37 @@ BUILTIN_MODULES = (
 BROKEN: Dict[str, str] = {}  # built-in fix module -> why it cannot be imported
 
 
+def _read(path: str) -> bytes:
+    """The bytes of a file (``os.open``/``os.read``: no file object, no decoding); OSError
+    where there is none."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
+def _dist_key(stem: str) -> str:
+    """``re.sub(r"[-_.]+", "_", name).lower()`` of a distribution directory's name."""
+    key = stem.partition("-")[0].replace("-", "_").replace(".", "_").lower()
+    while "__" in key:
+        key = key.replace("__", "_")
+    return key
+
+
 def fix_entry_points() -> list:
     """The ``sglang_swa_plugin.fixes`` entry points of the installed distributions, as
     ``entry_points(group=...)`` gives them (first distribution of a name on ``sys.path``
     wins), without building every distribution's metadata: each ``*.dist-info`` /
-    ``*.egg-info`` directory's ``entry_points.txt`` is read as text and only those naming the
-    group are parsed (``entry_points()`` over some hundred distributions costs 10-20 ms).
+    ``*.egg-info`` directory's ``entry_points.txt`` is read as bytes and only those naming
+    the group are parsed (``entry_points()`` over some hundred distributions costs 10-20 ms).
     A ``sys.path`` entry that is not a directory (a zip): ``entry_points()`` itself."""
-    header = f"[{FIXES_ENTRY_POINT_GROUP}]"
+    header = f"[{FIXES_ENTRY_POINT_GROUP}]".encode()
     seen, found = set(), []
     for entry in sys.path:
         try:
@@ -121,17 +143,15 @@ def fix_entry_points() -> list:
         except OSError:
             continue
         for name in names:
-            stem, dot, ext = name.rpartition(".")
-            if not dot or ext not in ("dist-info", "egg-info"):
+            if not name.endswith((".dist-info", ".egg-info")):
                 continue
-            dist = re.sub(r"[-_.]+", "_", stem.partition("-")[0]).lower()
+            dist = _dist_key(name.rpartition(".")[0])
             if dist in seen:
                 continue
             seen.add(dist)
             try:
-                with open(os.path.join(entry or ".", name, "entry_points.txt"), encoding="utf-8") as f:
-                    if header not in f.read():
-                        continue
+                if header not in _read(os.path.join(entry or ".", name, "entry_points.txt")):
+                    continue
             except OSError:
                 continue
             found += PathDistribution(Path(entry or ".", name)).entry_points.select(group=FIXES_ENTRY_POINT_GROUP)

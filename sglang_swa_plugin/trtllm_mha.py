@@ -31,6 +31,19 @@ def syntax(fn: Any) -> ast.FunctionDef:
 
 
 _SKIPPED_FIELDS = frozenset({"ctx", "op"})  # shared singleton nodes (Load, Not...): nothing to find there
+# Fields that never hold a node (names, flags, a constant's value): not looked at.
+_SCALAR_FIELDS = frozenset({"id", "attr", "arg", "name", "kind", "type_comment", "conversion", "simple", "is_async",
+                            "level", "module", "asname"})
+_CHILD_FIELDS: dict = {}
+
+
+def _child_fields(kind: type) -> tuple:
+    """The fields of a node type that may hold nodes, in ``_fields`` order."""
+    fields = _CHILD_FIELDS.get(kind)
+    if fields is None:
+        fields = _CHILD_FIELDS[kind] = () if kind is ast.Constant else tuple(
+            f for f in kind._fields if f not in _SKIPPED_FIELDS and f not in _SCALAR_FIELDS)
+    return fields
 
 
 class Reading:
@@ -42,42 +55,48 @@ class Reading:
 
     def __init__(self, tree: ast.AST) -> None:
         order, parents = [tree], [-1]
+        add_node, add_parent, node_type = order.append, parents.append, ast.AST
         i = 0
         while i < len(order):
-            node = order[i]
-            for field in node._fields:
-                if field in _SKIPPED_FIELDS:
-                    continue
-                value = getattr(node, field, None)
-                if isinstance(value, list):
+            for field in _child_fields(type(order[i])):
+                value = getattr(order[i], field, None)
+                if value.__class__ is list:
                     for item in value:
-                        if isinstance(item, ast.AST):
-                            order.append(item)
-                            parents.append(i)
-                elif isinstance(value, ast.AST):
-                    order.append(value)
-                    parents.append(i)
+                        if isinstance(item, node_type):
+                            add_node(item)
+                            add_parent(i)
+                elif isinstance(value, node_type):
+                    add_node(value)
+                    add_parent(i)
             i += 1
         bits: dict = {}
         every, plain = [0] * len(order), [0] * len(order)
-        call, attr, name, unary = ast.Call, ast.Attribute, ast.Name, ast.UnaryOp
+        call, attr, name, unary, negation = ast.Call, ast.Attribute, ast.Name, ast.UnaryOp, ast.Not
         for i in range(len(order) - 1, -1, -1):
             node = order[i]
             kind = type(node)
-            key = None
             if kind is call:
                 key = ("call", callee(node))
             elif kind is attr:
                 key = ("attr", node.attr)
             elif kind is name:
                 key = ("name", node.id)
-            own = bits.setdefault(key, 1 << len(bits)) if key is not None else 0
-            every[i] |= own
-            plain[i] = 0 if kind is unary and isinstance(node.op, ast.Not) else plain[i] | own
+            else:
+                key = None
+            if key is None:
+                e, p = every[i], plain[i]
+            else:
+                own = bits.get(key)
+                if own is None:
+                    own = bits[key] = 1 << len(bits)
+                e, p = every[i] | own, plain[i] | own
+            if kind is unary and type(node.op) is negation:
+                p = 0
+            every[i], plain[i] = e, p
             j = parents[i]
             if j >= 0:
-                every[j] |= every[i]
-                plain[j] |= plain[i]
+                every[j] |= e
+                plain[j] |= p
         self.nodes: List[ast.AST] = order
         self._bits = bits
         self._index = {id(n): i for i, n in enumerate(order)}

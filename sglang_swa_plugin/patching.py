@@ -154,8 +154,10 @@ class DirectHooks(Hooks):
         self.originals.setdefault(target, original)
         setattr(owner, attr, kind(new) if kind else new)
         self._undo.append((owner, attr, raw, own))
-        # Rebind stale module-level copies (from X import Y), as HookRegistry does.
-        if isinstance(original, (type, types.FunctionType)):
+        # Rebind stale module-level copies (from X import Y), as HookRegistry does. Only a
+        # module-level function or class has such copies; a method lives on its class alone,
+        # and scanning every loaded module's globals per target costs tens of milliseconds.
+        if isinstance(owner, types.ModuleType) and isinstance(original, (type, types.FunctionType)):
             for _, mod, name, value in module_bindings():
                 if value is original and mod is not owner:
                     setattr(mod, name, new)

@@ -572,3 +572,30 @@ def test_check_reports_an_opt_in_fix_that_is_off_as_off(monkeypatch):
     monkeypatch.setenv("SGLANG_SWA_PLUGIN_GUARD", "1")
     row = next(r for r in check_report()["rows"] if r["fix"] == "swa_index_guard")
     assert row["detection"] in ("needed", "not applicable")
+
+
+def test_direct_hooks_rebind_module_level_copies_and_leave_methods_to_their_class(tmp_path, monkeypatch):
+    """Direct patching (sglang without a plugin framework) rebinds ``from X import Y`` copies
+    of a module-level function, as HookRegistry does; a method is set on its class only (no
+    scan of every loaded module's globals per target)."""
+    import sys
+
+    from sglang_swa_plugin.patching import DirectHooks
+
+    (tmp_path / "swa_demo_src.py").write_text("def f():\n    return 1\n\nclass C:\n    def m(self):\n        return 2\n")
+    (tmp_path / "swa_demo_user.py").write_text("from swa_demo_src import f\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import swa_demo_src
+    import swa_demo_user
+
+    hooks = DirectHooks("demo")
+    try:
+        hooks.around("swa_demo_src.f", lambda original: original() + 10)
+        hooks.around("swa_demo_src.C.m", lambda original, self: original(self) + 20)
+        assert swa_demo_src.f() == 11 and swa_demo_user.f() == 11  # the copy is rebound too
+        assert swa_demo_src.C().m() == 22
+    finally:
+        hooks.undo()
+        sys.modules.pop("swa_demo_src", None)
+        sys.modules.pop("swa_demo_user", None)
+    assert swa_demo_src.f() == 1 and swa_demo_user.f() == 1 and swa_demo_src.C().m() == 2

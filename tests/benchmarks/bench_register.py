@@ -14,6 +14,8 @@ import sys
 
 CHILD = r"""
 import importlib, importlib.util, json, time
+import sglang_swa_plugin._autoload
+sglang_swa_plugin._autoload.disarm()  # 0.5.10: measure register() itself, not the start-up hook's earlier call
 from sglang_swa_plugin.core import load_fixes
 fixes = load_fixes()                       # imports our modules
 for fix, _ in fixes:                       # import the sglang modules each fix looks at
@@ -26,6 +28,8 @@ for fix, _ in fixes:                       # import the sglang modules each fix 
                 mod = mod.rpartition(".")[0]
 if importlib.util.find_spec("sglang.srt.plugins"):  # absent on 0.5.10: then direct patching
     import sglang.srt.plugins.hook_registry  # noqa: F401
+else:  # 0.5.10: the start-up hook registers right after sglang imports its model runner
+    import sglang.srt.model_executor.model_runner  # noqa: F401
 from sglang_swa_plugin.core import register, status
 token = None
 if importlib.util.find_spec("sglang.srt.plugins"):

@@ -470,21 +470,13 @@ def _reference_span(fn):
     rule ``probe`` falls back to)."""
     import linecache
 
-    from sglang_swa_plugin.probe import _code_objects
+    from sglang_swa_plugin.probe import _block, _code_objects
 
     code = fn.__code__
     lines = linecache.getlines(code.co_filename)
     first = code.co_firstlineno - 1
     end = max(e or 0 for c in _code_objects(code) for _, e, _, _ in c.co_positions())
-    indent, last = len(lines[first]) - len(lines[first].lstrip()), end
-    while end < len(lines):
-        text = lines[end].strip()
-        if text and not text.startswith("#") and len(lines[end]) - len(lines[end].lstrip()) <= indent:
-            break
-        end += 1
-        if text:
-            last = end
-    return textwrap.dedent("".join(lines[first:last]))
+    return textwrap.dedent("".join(lines[first:_block(lines, first, end)]))
 
 
 def test_function_text_is_exact_where_a_function_ends_unusually(tmp_path):

@@ -64,9 +64,13 @@ _warned: set = set()
 # ---------------------------------------------------------------------------- the fix
 
 
+def _tree(self) -> bool:
+    """A backend of a chunked-attention model that verifies draft trees."""
+    return bool(getattr(self, "has_local_attention", False)) and (self.topk or 0) > 1
+
+
 def _tree_verify(self, mode) -> bool:
-    if not (getattr(self, "has_local_attention", False) and (self.topk or 0) > 1 and mode is not None
-            and mode.is_target_verify()):
+    if not (_tree(self) and mode is not None and mode.is_target_verify()):
         return False
     if self.page_size != 1:
         if "page" not in _warned:
@@ -142,9 +146,8 @@ def _fill(self, bufs: dict, bs: int, req_pool_indices, seq_lens, positions, meta
     bufs["tree_cu"][1: rows + 1].copy_(torch.cumsum(tree_len, 0))
 
 
-def _step(self, metadata, expand, bs, req_pool_indices, seq_lens, spec_info, positions=None, bufs=None) -> None:
+def _step(self, metadata, expand, bs, req_pool_indices, seq_lens, positions, bufs=None) -> None:
     """Fill (and, eager or at capture, bind) the chunked layers' parts for one step."""
-    positions = getattr(spec_info, "positions", None) if positions is None else positions
     if positions is None:  # capture without positions: the rows' first draft position
         positions = seq_lens[:0]
     if bufs is None:  # eager: this step's own tensors
@@ -163,27 +166,26 @@ def _eager(original, self, forward_batch, *args, **kwargs):
     result = original(self, forward_batch, *args, **kwargs)
     if _tree_verify(self, forward_batch.forward_mode):
         _step(self, self.forward_metadata, getattr(self, SHARED_EXPAND), forward_batch.batch_size,
-              forward_batch.req_pool_indices, forward_batch.seq_lens, forward_batch.spec_info,
-              positions=_positions(forward_batch))
+              forward_batch.req_pool_indices, forward_batch.seq_lens, _positions(forward_batch))
     return result
 
 
 def _state(original, self, max_bs, *args, **kwargs):
     result = original(self, max_bs, *args, **kwargs)
-    if getattr(self, "has_local_attention", False) and (self.topk or 0) > 1 and self.page_size == 1:
+    if _tree(self) and self.page_size == 1:
         self.__dict__[BUFFERS] = _buffers(self, max_bs * int(self.speculative_num_draft_tokens), self.device)
     return result
 
 
-def _graph_step(self, bs, req_pool_indices, seq_lens, spec_info, in_capture, positions=None) -> None:
+def _graph_step(self, bs, req_pool_indices, seq_lens, positions, in_capture) -> None:
     bufs = self.__dict__.get(BUFFERS)
     if bufs is None:
         return
     metadata = self.target_verify_metadata_topk_normal[bs]
     if in_capture or getattr(metadata, EXPAND, None) is None:
         _bind(self, metadata, bufs, bs * int(self.speculative_num_draft_tokens))
-    _step(self, metadata, self.target_verify_metadata_topk_expand[bs], bs, req_pool_indices, seq_lens, spec_info,
-          positions=positions, bufs=bufs)
+    _step(self, metadata, self.target_verify_metadata_topk_expand[bs], bs, req_pool_indices, seq_lens, positions,
+          bufs=bufs)
 
 
 def _capture(original, self, bs, *args, **kwargs):
@@ -191,7 +193,7 @@ def _capture(original, self, bs, *args, **kwargs):
     result = original(self, bs, *args, **kwargs)
     if _tree_verify(self, arg(args, kwargs, 4, "forward_mode")):
         _graph_step(self, bs, arg(args, kwargs, 1, "req_pool_indices"), arg(args, kwargs, 2, "seq_lens"),
-                    arg(args, kwargs, 5, "spec_info"), True)
+                    getattr(arg(args, kwargs, 5, "spec_info"), "positions", None), True)
     return result
 
 
@@ -200,7 +202,7 @@ def _replay(original, self, bs, *args, **kwargs):
     result = original(self, bs, *args, **kwargs)
     if _tree_verify(self, arg(args, kwargs, 4, "forward_mode")):
         _graph_step(self, bs, arg(args, kwargs, 0, "req_pool_indices"), arg(args, kwargs, 1, "seq_lens"),
-                    arg(args, kwargs, 5, "spec_info"), False)
+                    getattr(arg(args, kwargs, 5, "spec_info"), "positions", None), False)
     return result
 
 
@@ -208,8 +210,7 @@ def _out_graph(original, self, forward_batch, *args, **kwargs):
     result = original(self, forward_batch, *args, **kwargs)
     if _tree_verify(self, forward_batch.forward_mode):
         _graph_step(self, forward_batch.batch_size, forward_batch.req_pool_indices, forward_batch.seq_lens,
-                    forward_batch.spec_info, bool(arg(args, kwargs, 0, "in_capture")),
-                    positions=_positions(forward_batch))
+                    _positions(forward_batch), bool(arg(args, kwargs, 0, "in_capture")))
     return result
 
 

@@ -67,8 +67,30 @@ from concurrent.futures import ThreadPoolExecutor
 # Servers run side by side on the one GPU (PARALLEL at a time, each on its own port): one
 # request at a time inside a server keeps its arithmetic independent of the others.
 PARALLEL = int(os.environ.get("PARALLEL", "1"))
-_PORTS = itertools.count(30000 + os.getpid() % 200 * 50)
+# Each server gets a block of 10 ports, its HTTP port and (+5) its torch.distributed port,
+# both checked free: servers started side by side cannot collide (sglang otherwise draws the
+# distributed port at random and two servers can draw the same one).
+_PORTS = itertools.count(20000 + os.getpid() % 200 * 100, 10)
 _PORT_LOCK = threading.Lock()
+
+
+def _free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def reserve_ports() -> int:
+    with _PORT_LOCK:
+        while True:
+            port = next(_PORTS)
+            if _free(port) and _free(port + 5):
+                return port
 _POOL: "ThreadPoolExecutor | None" = None
 OFF = {"SGLANG_PLUGINS": "plugin_that_does_not_exist"}  # sglang's allow-list: ours stays out
 ON = {"SGLANG_PLUGINS": "swa_plugin"}
@@ -275,8 +297,9 @@ def make_llama4_pair(root: str, seed: int = 4, chunk: int = LLAMA4_CHUNK) -> tup
 class Server:
     def __init__(self, name: str, out: str, args: list, env: dict):
         self.name, self.log = name, os.path.join(out, f"{name}.log")
-        with _PORT_LOCK:
-            self.port = next(_PORTS)
+        self.port = reserve_ports()
+        if "--nccl-port" not in args:
+            args = [*args, "--nccl-port", str(self.port + 5)]
         full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
         if "PYTHONPATH_PREPEND" in env:  # e.g. another build of the plugin in front of the payload's
             full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [env["PYTHONPATH_PREPEND"], full_env.get("PYTHONPATH")]))
@@ -331,15 +354,41 @@ def prompts(n: int, length: int, seed: int = 0) -> list:
     return [[rng.randrange(10, 2000) for _ in range(length)] for _ in range(n)]
 
 
-def run(name, out, args, env, reqs, max_new, concurrency=32, rounds=1):
+# A server log line that reports an error of the server (never one of the plugin's own lines,
+# which may quote an exception it handled).
+_ERROR = re.compile(r"Traceback|Error|Exception|illegal memory access|Assertion|CUDA error|Killed")
+_HARNESS = ("EADDRINUSE", "Address already in use")  # a start that failed for the harness's reason
+
+
+def server_errors(log: str) -> list:
+    lines = open(log, errors="replace").read().splitlines() if os.path.exists(log) else []
+    return [l.rstrip()[-240:] for l in lines if _ERROR.search(l) and "sglang-swa-plugin" not in l]
+
+
+def first_error(log: str) -> "str | None":
+    """The line that names the server's exception: the last line of its first traceback, else
+    the first error line."""
+    errs = server_errors(log)
+    named = [l for l in errs if re.search(r"^\S*(Error|Exception)\b|\b\w+(Error|Exception): ", l.strip())]
+    return (named or errs or [None])[0]
+
+
+def run(name, out, args, env, reqs, max_new, concurrency=32, rounds=1, _retry=True):
     """One server; ``rounds`` > 1: a warm-up round, then ``rounds`` timed rounds of the same
-    requests (``round_tok_per_s``), so that throughput is compared on warm servers."""
+    requests (``round_tok_per_s``), so that throughput is compared on warm servers. Every
+    result says its ``state``: "did not start", "crashed while serving" (the server died, or a
+    request failed or came back without output) or "served"; only a served row has outputs
+    to judge. A start that failed for a reason of the harness (a port taken) is retried once."""
     srv = Server(name, out, args, env)
     res = {"name": name, "args": args, "env": env}
     try:
         if not srv.wait():
-            res["error"] = "server did not start"
+            res["state"] = "did not start"
+            res["error"] = first_error(srv.log) or "server did not start in time"
             res["log_tail"] = open(srv.log, errors="replace").read()[-3000:]
+            if _retry and any(h in res["log_tail"] for h in _HARNESS):
+                srv.stop()
+                return run(name, out, args, env, reqs, max_new, concurrency, rounds, _retry=False)
             return res
         res["startup_s"] = round(srv.startup_s, 1)
         res["round_tok_per_s"] = []
@@ -361,7 +410,11 @@ def run(name, out, args, env, reqs, max_new, concurrency=32, rounds=1):
         res["plugin_log"] = srv.log_lines("sglang-swa-plugin")
         res["cuda_graph"] = "--disable-cuda-graph" not in args
         res["crash"] = srv.proc.poll() is not None or bool(srv.log_lines("illegal memory access"))
-        res["assertions"] = [l[-200:] for l in srv.log_lines("Error")][:4]
+        res["assertions"] = server_errors(srv.log)[:4]
+        complete = all(o is not None and len(o) == max_new for o in res["outputs"])
+        res["state"] = "served" if complete and not res["errors"] and not res["crash"] else "crashed while serving"
+        if res["state"] != "served":
+            res["error"] = first_error(srv.log) or (res["errors"] or ["requests without output"])[0]
     finally:
         srv.stop()
         with open(os.path.join(out, "runs.jsonl"), "a") as f:  # partial results survive a timeout
@@ -791,6 +844,101 @@ def scenario_llama4_tree_wide(out, _target, _draft):
         res["judged"][f"{key}_vs_k2_stock_nohybrid"] = {**cmp, "bands": first_divergences(cmp)}
     res["reference_distinct_outputs"] = len({tuple(o) for o in res["ref"].get("outputs") or [] if o})
     return res
+
+
+def prompt_seeds() -> list:
+    """The prompt seeds of a run: PROMPT_SEEDS (comma list) from the environment; a scenario
+    that judges against the model's own output holds at every one of them."""
+    raw = os.environ.get("PROMPT_SEEDS")
+    if not raw:
+        raise SystemExit("set PROMPT_SEEDS (e.g. PROMPT_SEEDS=11,12,13): the prompts' seeds come from the environment")
+    return [int(x) for x in raw.split(",")]
+
+
+def judge(row: dict, ref: list, n: int) -> dict:
+    """A row against the reference, per prompt seed (``n`` requests each): its state; if served,
+    identical requests and first-divergence bands per seed, and its accept length; else the one
+    line of the error that stopped it. A row without output is never judged as output."""
+    if row.get("state") != "served":
+        return {"state": row.get("state", "did not start"), "error": row.get("error")}
+    per_seed = []
+    for i in range(0, len(ref), n):
+        cmp = compare(row["outputs"][i:i + n], ref[i:i + n])
+        per_seed.append({"identical": cmp["identical_requests"], "of": cmp["of"], "bands": first_divergences(cmp)})
+    return {"state": "served", "per_seed": per_seed, "accept_length": row.get("accept_length")}
+
+
+def scenario_llama4_exact(out, _target, _draft):
+    """Issue #26: Llama 4 on FA3 against the model's own float32 output (transformers' Llama 4 on
+    the CPU, its chunked mask). Target and draft: tests/gpu/llama4_target.py (chunked layers
+    decide the output with bf16-safe margins; the chunk start decides a quarter of the choices;
+    an EAGLE3 draft with real weights that the target accepts). 32 prompts of 130 tokens per
+    seed (PROMPT_SEEDS), 64 new tokens, 32 at once, greedy; sglang's defaults (CUDA graphs ON,
+    fa3's page size) unless a row says "eager" (graphs off) or "nohy" (one pool,
+    --disable-hybrid-swa-memory). Rows: plain decode (plugin on and off, one pool graphs off);
+    EAGLE3 topk 1 (3 steps, 4 draft tokens), topk 2 (3 steps, 4), topk 4 (3 steps, 8): plugin
+    on (hybrid / one pool, graphs on / off) and stock (hybrid, graphs on)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import llama4_target as lt
+
+    seeds = prompt_seeds()
+    target, draft = lt.save(tempfile.mkdtemp(prefix="swa_llama4_exact_"))
+    reqs = [p for s in seeds for p in lt.prompts(32, 130, s)]
+    ref_box = {}
+
+    def reference():  # CPU, beside the servers
+        import torch
+
+        torch.set_num_threads(4)
+        model = lt.hf_model()
+        ref_box["outputs"], ref_box["margins"] = [], []
+        for i in range(0, len(reqs), 32):
+            o, m = lt.greedy(model, reqs[i:i + 32], 64)
+            ref_box["outputs"] += o
+            ref_box["margins"] += m
+
+    ref_thread = threading.Thread(target=reference)
+    ref_thread.start()
+    base = ["--skip-tokenizer-init", "--disable-piecewise-cuda-graph", "--mem-fraction-static", os.environ.get("MEM_FRACTION", "0.5"),
+            "--max-total-tokens", "16384", "--swa-full-tokens-ratio", "0.25", "--random-seed", "0",
+            "--model-path", target, "--attention-backend", "fa3", "--cuda-graph-max-bs", "32"]
+    nohy = ["--disable-hybrid-swa-memory"]
+    spec = {1: eagle3_real(draft, 1, 3, 4), 2: eagle3_real(draft, 2, 3, 4), 4: eagle3_real(draft, 4, 3, 8)}
+    rows = {"plain_on": (base, ON), "plain_off": (base, OFF), "plain_nohy_eager_off": (eager(base + nohy), OFF),
+            "plain_eager_off": (eager(base), OFF),  # with plain_off: is stock's plain-decode error a graph one?
+            "plain_nohy_off": (base + nohy, OFF)}  # stock, graphs on, one pool
+    for fix in filter(None, os.environ.get("ATTRIBUTE", "").split(",")):  # which fix makes plain decode right
+        rows[f"plain_on_without_{fix}"] = (base, {**ON, "SGLANG_SWA_PLUGIN_FIXES": f"all,-{fix}"})
+        rows[f"plain_on_only_{fix}"] = (base, {**ON, "SGLANG_SWA_PLUGIN_FIXES": fix})
+    for k, sp in spec.items():
+        rows.update({f"k{k}_on": (base + sp, ON), f"k{k}_nohy_on": (base + sp + nohy, ON),
+                     f"k{k}_eager_on": (eager(base + sp), ON), f"k{k}_nohy_eager_on": (eager(base + sp + nohy), ON),
+                     f"k{k}_off": (base + sp, OFF)})
+    only = os.environ.get("ROWS")
+    if only:
+        rows = {k: v for k, v in rows.items() if k in only.split(",")}
+    res = run_many({k: (f"llama4x_{k}", out, args, env, reqs, 64, {"concurrency": 32}) for k, (args, env) in rows.items()})
+    ref_thread.join()
+    ref = ref_box["outputs"]
+    res = log_facts(res, out, fix="fa3_local_attn")
+    table = {k: judge(res[k], ref, 32) for k in rows}
+    with open(os.path.join(out, "llama4_exact_outputs.json"), "w") as f:
+        json.dump({"reference": ref, **{k: res[k].get("outputs") for k in rows}}, f)
+    for k, v in table.items():
+        cells = (" | ".join(f"{c['identical']}/{c['of']} {c['bands']}" for c in v["per_seed"])
+                 if v["state"] == "served" else f"{v['state']}: {v['error']}")
+        print(f"LLAMA4_EXACT {k}: {cells} | accept {v.get('accept_length')}", flush=True)
+    return {"seeds": seeds, "reference_min_margin": round(min(ref_box["margins"]), 3),
+            "reference_distinct": len({tuple(o) for o in ref}), "table": table,
+            **{k: {x: v.get(x) for x in ("state", "error", "accept_length", "startup_s", "assertions", "fix_log",
+                                         "illegal_memory_access")} for k, v in res.items()}}
+
+
+def eagle3_real(draft: str, topk: int, steps: int, draft_tokens: int) -> list:
+    """Server arguments for an EAGLE3 draft with real weights (its checkpoint)."""
+    return ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
+            "--speculative-eagle-topk", str(topk), "--speculative-num-steps", str(steps),
+            "--speculative-num-draft-tokens", str(draft_tokens)]
 
 
 # Test-side only (put on a server's PYTHONPATH, never installed): sglang 0.5.11's
@@ -1398,7 +1546,7 @@ SCENARIOS = {"trtllm_eagle_accept": scenario_trtllm_eagle_accept, "xqa_verify": 
              "guard_server": scenario_guard_server, "batched_decode": scenario_batched_decode, "cost": scenario_cost,
              "llama4_fa3": scenario_llama4_fa3, "fi_verify": scenario_fi_verify, "llama4_eagle": scenario_llama4_eagle,
              "llama4_tree": scenario_llama4_tree, "llama4_tree_wide": scenario_llama4_tree_wide,
-             "triton_mtp": scenario_triton_mtp}
+             "triton_mtp": scenario_triton_mtp, "llama4_exact": scenario_llama4_exact}
 
 
 def _summary(res: dict) -> dict:

@@ -6,7 +6,7 @@
 #   bash tests/gpu/run_on_device.sh STEP [STEP ...]
 # Steps: unpack | unpack12 | smoke | trtllm_eagle_accept | xqa_verify | fa3_seq | fa3_eagle3 | fa3_control | cost | fp8 | fp8w |
 #        guard_kernel | guard_server | gpu_tests | bench_decode | bench_fix_step | graph_kernel | bench_xqa | servers | fi7 | pack |
-#        llama4 | llama4_eagle | llama4_tree | llama4_tree_wide | fi_kernel | bench_fi | fi_verify | triton_mtp
+#        llama4 | llama4_eagle | llama4_tree | llama4_tree_wide | llama4_exact | fi_kernel | bench_fi | fi_verify | triton_mtp
 # servers: SCENARIOS="xqa_verify trtllm_eagle_accept ..." PARALLEL=N (side by side on the GPU)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -91,6 +91,12 @@ for step in "$@"; do
     llama4_tree)  # issue #19 item 2, topk > 1 (fa3_local_attn_tree_verify): 8 servers side by side
       PARALLEL=${PARALLEL:-8} MEM_FRACTION=${MEM_FRACTION:-0.85} START_TIMEOUT=${START_TIMEOUT:-420} \
         PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-530} python3 tests/gpu/e2e_server.py llama4_tree --out "$OUT" 2>&1 | tail -5 ;;
+    llama4_exact)  # issue #26: the Llama 4 target against transformers' float32 output, PROMPT_SEEDS from the environment
+      # the target's own checks (bf16 = float32, chunk +-1 changes most requests) on the CPU beside the servers
+      (PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-560} python3 tests/gpu/llama4_target.py > "$OUT/llama4_target_check.log" 2>&1 &)
+      PARALLEL=${PARALLEL:-9} MEM_FRACTION=${MEM_FRACTION:-0.85} START_TIMEOUT=${START_TIMEOUT:-420} \
+        PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-560} python3 tests/gpu/e2e_server.py llama4_exact --out "$OUT" 2>&1 | grep -E "LLAMA4_EXACT|== llama4_exact|Error" | cut -c1-3000
+      for i in $(seq 60); do pgrep -f llama4_target.py > /dev/null || break; sleep 2; done; grep -E "^seed" "$OUT/llama4_target_check.log" ;;
     llama4_tree_wide)  # the rounding control of llama4_tree: 4 servers side by side
       PARALLEL=${PARALLEL:-4} MEM_FRACTION=${MEM_FRACTION:-0.85} START_TIMEOUT=${START_TIMEOUT:-420} \
         PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-530} python3 tests/gpu/e2e_server.py llama4_tree_wide --out "$OUT" 2>&1 | tail -5 ;;

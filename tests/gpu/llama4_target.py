@@ -1,0 +1,299 @@
+"""A tiny Llama 4 whose greedy output is decided by its chunked layers with bf16-safe margins,
+its float32 reference from transformers' own Llama 4 (its chunked attention mask), and an
+EAGLE3 draft with real weights that the target accepts.
+
+    python tests/gpu/llama4_target.py [--seeds 1,2,3] [--chunk 32]   # checks of the target (CPU)
+
+Target (``Llama4ForConditionalGeneration``, text only; layers 0-2 chunked with RoPE, layer 3
+global NoPE, as sglang's Llama 4 fixes it). Every token belongs to one of 64 classes; its
+embedding is the class's Hadamard code (+-1) on coordinates 0-63 and 1 on 64-71. q and k read
+only coordinate 64 (constant after the input norm, whose scale is known at each layer), so every
+score is a fixed function of the distance delta = query position - key position, set by RoPE:
+- layer 0 ("A"): the score RISES with delta by at least ``STEP`` per position over 0..40, so it
+  attends the oldest key it may see: the first token of its chunk. Its output writes that
+  token's code on coordinates 128-191.
+- layer 1 ("B"): the score peaks at delta 1 (``PEAK`` above any other key up to 300 back):
+  it attends the previous token (itself at a chunk's first position) and writes its code on
+  192-255.
+- layers 2 and 3 add nothing; every MLP's down projection is zero.
+The next token is 1000 + k for the class k with the larger vote s_k * w (w = 0.8 for A's class
+X, 1.0 for B's class Y; s_k in {0.675, 1}): X wins when s_X = 1 and s_Y = 0.675, Y otherwise
+(equal classes add up). The logit margin between the two is at least 12 % of the winning
+logit, and every attention is one-hot with a score gap of at least ``STEP``: bf16 cannot flip
+a choice (``check`` prints the smallest margins). The chunk start decides a quarter of the
+choices, so a chunk size changed by one changes most requests (printed by ``check``). Token
+1000 + k has class PERM[k], so generated text walks a permutation instead of collapsing.
+
+Draft (``LlamaForCausalLMEagle3``, one layer, Llama's neox RoPE): ``fc`` copies A's vote from
+the target's captured hidden state after layer 0 at half weight; its attention (over its own
+cache, which holds the next token's embedding at each position) has one KV group attending
+the most recent key other than itself (delta 1, else 2: sglang's draft extend puts token
+t_{j+1} at position j, its multi-step draft decode puts t_k at position k, so the first decode
+step finds its predecessor 2 back) for B's class, and one attending delta 0 that reads the
+carried hidden state and cancels the previous step's B vote, so each draft step votes B
+(weight 1) and the last known chunk start (weight 0.5): its first choice is the target's
+whenever B wins, its second whenever A wins (until a chunk boundary is crossed).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+H, V, HD, NH, NKV, FF, L = 256, 2048, 64, 4, 2, 512, 4
+THETA = 10000.0
+CHUNK = 32
+CODE, CONST, PA, PB = slice(0, 64), 64, slice(128, 192), slice(192, 256)
+REPR = 1000  # class k's output token is REPR + k
+VOTE_A, VOTE_B, SCALES = 0.8, 1.0, (0.675, 1.0)
+STEP, PEAK = 12.0, 16.0  # score gaps (after the 1/sqrt(64) scaling)
+RAMP_SPAN, PEAK_SPAN, B_DELTA = 40, 300, 1
+LOGIT = 0.1  # lm_head scale
+D_PB, D_PA = slice(0, 64), slice(64, 128)  # the draft's hidden coordinates
+
+
+def _freqs(theta: float = THETA):
+    import numpy as np
+
+    return theta ** (-np.arange(0, HD, 2) / HD)
+
+
+def _profile(kind: str, delta: int = 0):
+    """Per RoPE pair j: (amplitude A_j, phase psi_j) of score(d) = sum_j A_j cos(d w_j + psi_j),
+    from a linear program (least total amplitude, which bounds bf16's error): 'ramp' rises by
+    STEP per position over 0..RAMP_SPAN; 'peak' is PEAK above every other d in 0..PEAK_SPAN."""
+    import numpy as np
+    from scipy.optimize import linprog
+
+    w = _freqs()
+    n = 2 * len(w)
+
+    def basis(ds):
+        ds = np.asarray(ds, dtype=float)[:, None]
+        return np.concatenate([np.cos(ds * w), np.sin(ds * w)], 1)
+
+    if kind == "ramp":
+        b = basis(range(RAMP_SPAN + 1))
+        g, margin = b[1:] - b[:-1], STEP
+    elif kind == "recent":  # delta 1 first, delta 2 second, each PEAK above what follows
+        b = basis(range(PEAK_SPAN + 1))
+        g, margin = np.vstack([b[1] - b[2], b[2][None, :] - np.delete(b, [1, 2], 0)]), PEAK
+    else:
+        b = basis(range(PEAK_SPAN + 1))
+        g, margin = b[delta][None, :] - np.delete(b, delta, 0), PEAK
+    eye = np.eye(n)
+    a_ub = np.vstack([np.hstack([-g, np.zeros_like(g)]), np.hstack([eye, -eye]), np.hstack([-eye, -eye])])
+    b_ub = np.concatenate([-margin * np.ones(len(g)), np.zeros(2 * n)])
+    res = linprog(np.concatenate([np.zeros(n), np.ones(n)]), A_ub=a_ub, b_ub=b_ub,
+                  bounds=[(None, None)] * n + [(0, None)] * n, method="highs")
+    assert res.status == 0, res.message
+    c = res.x[:n]
+    cos, sin = c[: len(w)], c[len(w):]
+    return np.hypot(cos, sin), np.arctan2(-sin, cos)
+
+
+def _qk(kind: str, delta: int = 0, neox: bool = False):
+    """(q, k), 64 dims each, whose RoPE'd dot product times 1/sqrt(64) is the profile's score.
+    Llama 4 (HF) pairs dims (2j, 2j+1); Llama's neox layout pairs (j, j + 32)."""
+    import torch
+
+    amp, psi = _profile(kind, delta)
+    q, k = torch.zeros(HD, dtype=torch.float64), torch.zeros(HD, dtype=torch.float64)
+    for j, (a, p) in enumerate(zip(amp, psi)):
+        r = math.sqrt(a)
+        re, im = (j, j + HD // 2) if neox else (2 * j, 2 * j + 1)
+        k[re] = r
+        q[re], q[im] = r * math.cos(p) * math.sqrt(HD), r * math.sin(p) * math.sqrt(HD)
+    return q, k
+
+
+def weights(seed: int = 26) -> dict:
+    """Float32 tensors: target state dict (HF Llama4ForCausalLM names), draft weights
+    (sglang EAGLE3 names), classes, class scales, permutation."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    had = torch.ones(1, 1)
+    while had.shape[0] < 64:
+        had = torch.cat([torch.cat([had, had], 1), torch.cat([had, -had], 1)], 0)
+    perm = torch.randperm(64, generator=g)
+    cls = torch.randint(0, 64, (V,), generator=g)
+    cls[REPR:REPR + 64] = perm
+    scale = torch.tensor(SCALES)[torch.randint(0, 2, (64,), generator=g)]
+    emb = torch.zeros(V, H)
+    emb[:, CODE], emb[:, CONST:CONST + 8] = had[cls], 1.0
+    rep = torch.arange(REPR, REPR + 64)
+    head = torch.zeros(V, H)
+    head[:, CONST:CONST + 8] = -LOGIT  # every token but the 64 outputs scores below zero
+    head[rep] = 0.0
+    head[rep, PA] = LOGIT * VOTE_A * scale[:, None] * had
+    head[rep, PB] = LOGIT * VOTE_B * scale[:, None] * had
+    sd = {"model.embed_tokens.weight": emb, "lm_head.weight": head, "model.norm.weight": torch.ones(H)}
+    rms = [math.sqrt(72 / H), math.sqrt((72 + 64) / H)]  # residual rms entering layers 0 and 1
+    for i in range(L):
+        p = f"model.layers.{i}."
+        wq, wk, wv, wo = torch.zeros(NH * HD, H), torch.zeros(NKV * HD, H), torch.zeros(NKV * HD, H), torch.zeros(H, NH * HD)
+        if i < 2:
+            q, k = _qk("ramp") if i == 0 else _qk("peak", B_DELTA)
+            wq[0:HD, CONST] = q * rms[i]  # head 0 (KV group 0) only; the other heads' outputs are dropped
+            wk[0:HD, CONST] = k * rms[i]
+            wv[0:HD, CODE] = torch.eye(HD)
+            wo[PA if i == 0 else PB, 0:HD] = torch.eye(HD) * rms[i]
+        sd.update({p + "self_attn.q_proj.weight": wq, p + "self_attn.k_proj.weight": wk,
+                   p + "self_attn.v_proj.weight": wv, p + "self_attn.o_proj.weight": wo,
+                   p + "input_layernorm.weight": torch.ones(H), p + "post_attention_layernorm.weight": torch.ones(H),
+                   p + "feed_forward.gate_proj.weight": torch.randn(FF, H, generator=g) * 0.1,
+                   p + "feed_forward.up_proj.weight": torch.randn(FF, H, generator=g) * 0.1,
+                   p + "feed_forward.down_proj.weight": torch.zeros(H, FF)})
+    # Draft: [norm(embed) | norm(hidden)] -> q, k, v. Group 0 (heads 0, 1) attends delta 1 and
+    # reads the embedding's code; group 1 (heads 2, 3) attends delta 0 and reads the carried
+    # B vote (its own previous step's), which head 2 writes back negated.
+    rms_e, rms_h = math.sqrt(72 / H), math.sqrt((64 + 64 * 0.25) / H)
+    dq, dk, dv, do = torch.zeros(NH * HD, 2 * H), torch.zeros(NKV * HD, 2 * H), torch.zeros(NKV * HD, 2 * H), torch.zeros(H, NH * HD)
+    for grp, (kind, delta) in enumerate((("recent", 0), ("peak", 0))):
+        q, k = _qk(kind, delta, neox=True)
+        for h in (2 * grp, 2 * grp + 1):
+            dq[h * HD:(h + 1) * HD, CONST] = q * rms_e
+        dk[grp * HD:(grp + 1) * HD, CONST] = k * rms_e
+    dv[0:HD, CODE] = torch.eye(HD)
+    dv[HD:2 * HD, H + D_PB.start:H + D_PB.stop] = torch.eye(HD)
+    do[D_PB, 0:HD] = torch.eye(HD) * rms_e
+    do[D_PB, 2 * HD:3 * HD] = -torch.eye(HD) * rms_h
+    fc = torch.zeros(H, 3 * H)
+    fc[D_PA, PA] = 0.5 * torch.eye(HD)  # A's vote from the hidden state captured after target layer 0
+    dhead = torch.zeros(V, H)
+    dhead[rep, D_PB] = LOGIT * had
+    dhead[rep, D_PA] = LOGIT * had
+    draft = {"fc.weight": fc, "embed_tokens.weight": emb, "lm_head.weight": dhead, "norm.weight": torch.ones(H),
+             "midlayer.input_layernorm.weight": torch.ones(H), "midlayer.hidden_norm.weight": torch.ones(H),
+             "midlayer.post_attention_layernorm.weight": torch.ones(H),
+             "midlayer.self_attn.q_proj.weight": dq, "midlayer.self_attn.k_proj.weight": dk,
+             "midlayer.self_attn.v_proj.weight": dv, "midlayer.self_attn.o_proj.weight": do,
+             "midlayer.mlp.gate_proj.weight": torch.randn(FF, H, generator=g) * 0.1,
+             "midlayer.mlp.up_proj.weight": torch.randn(FF, H, generator=g) * 0.1,
+             "midlayer.mlp.down_proj.weight": torch.zeros(H, FF)}
+    return {"target": sd, "draft": draft, "cls": cls, "scale": scale, "perm": perm}
+
+
+def text_config(chunk: int = CHUNK) -> dict:
+    return dict(
+        model_type="llama4_text", vocab_size=V, hidden_size=H, intermediate_size=FF, intermediate_size_mlp=FF,
+        num_hidden_layers=L, num_attention_heads=NH, num_key_value_heads=NKV, head_dim=HD,
+        max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=THETA,
+        rope_parameters={"rope_theta": THETA, "rope_type": "default"}, rope_scaling=None,
+        attention_chunk_size=chunk, no_rope_layers=[int((i + 1) % 4 != 0) for i in range(L)],
+        no_rope_layer_interval=4, interleave_moe_layer_step=0, moe_layers=[], num_local_experts=0,
+        num_experts_per_tok=1, use_qk_norm=False, attn_temperature_tuning=False, floor_scale=8192,
+        attn_scale=0.1, attention_bias=False, hidden_act="silu", tie_word_embeddings=False,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, torch_dtype="bfloat16")
+
+
+def save(root: str, chunk: int = CHUNK, seed: int = 26) -> tuple:
+    """Writes (target dir, draft dir): the target as ``Llama4ForConditionalGeneration`` (text
+    weights under ``language_model.``, no vision weights; multimodal stays off), the draft as
+    ``LlamaForCausalLMEagle3``; bf16 as served."""
+    import torch
+    from safetensors.torch import save_file
+
+    w = weights(seed)
+    target = os.path.join(root, f"llama4_target_c{chunk}")
+    os.makedirs(target, exist_ok=True)
+    vision = dict(model_type="llama4_vision_model", hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  intermediate_size=128, image_size=336, patch_size=14, num_channels=3, vision_output_dim=64,
+                  projector_input_dim=64, projector_output_dim=64, pixel_shuffle_ratio=0.5, rope_theta=10000)
+    cfg = dict(architectures=["Llama4ForConditionalGeneration"], model_type="llama4", text_config=text_config(chunk),
+               vision_config=vision, image_token_index=V - 1, boi_token_index=V - 2, eoi_token_index=V - 3,
+               tie_word_embeddings=False, torch_dtype="bfloat16")
+    with open(os.path.join(target, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    with open(os.path.join(target, "generation_config.json"), "w") as f:
+        json.dump({}, f)
+    bf = lambda t: t.to(torch.bfloat16).contiguous()
+    save_file({"language_model." + k: bf(v) for k, v in w["target"].items()}, os.path.join(target, "model.safetensors"))
+    draft = os.path.join(root, "llama4_eagle3_draft")
+    os.makedirs(draft, exist_ok=True)
+    d = dict(architectures=["LlamaForCausalLMEagle3"], model_type="llama", vocab_size=V, draft_vocab_size=V,
+             hidden_size=H, target_hidden_size=H, intermediate_size=FF, num_hidden_layers=1,
+             num_attention_heads=NH, num_key_value_heads=NKV, head_dim=HD, max_position_embeddings=4096,
+             rms_norm_eps=1e-5, rope_theta=THETA, rope_parameters={"rope_theta": THETA, "rope_type": "default"},
+             hidden_act="silu", tie_word_embeddings=False, torch_dtype="bfloat16",
+             eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 2]})
+    with open(os.path.join(draft, "config.json"), "w") as f:
+        json.dump(d, f, indent=1)
+    save_file({k: bf(v) for k, v in w["draft"].items()}, os.path.join(draft, "model.safetensors"))
+    return target, draft
+
+
+def hf_model(chunk: int = CHUNK, seed: int = 26, dtype=None):
+    """transformers' own Llama4ForCausalLM with the served (bf16-rounded) weights, in ``dtype``
+    (float32 by default), eager attention (its chunked causal mask)."""
+    import torch
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
+
+    cfg = Llama4TextConfig(**{k: v for k, v in text_config(chunk).items() if k not in ("model_type", "torch_dtype")})
+    cfg._attn_implementation = "eager"
+    model = Llama4ForCausalLM(cfg).eval()
+    sd = {k: v.to(torch.bfloat16).float() for k, v in weights(seed)["target"].items()}
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
+    return model.to(dtype or torch.float32)
+
+
+def greedy(model, prompts: list, max_new: int) -> tuple:
+    """Greedy continuation of equal-length prompts, the whole sequence recomputed every step (no
+    cache). Returns (outputs, smallest relative logit margin of each request)."""
+    import torch
+
+    ids = torch.tensor(prompts)
+    margins = torch.full((len(prompts),), float("inf"))
+    with torch.no_grad():
+        for _ in range(max_new):
+            logits = model(input_ids=ids).logits[:, -1].float()
+            top = logits.topk(2, dim=-1).values
+            margins = torch.minimum(margins, (top[:, 0] - top[:, 1]) / top[:, 0].abs().clamp_min(1e-9))
+            ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], 1)
+    return ids[:, len(prompts[0]):].tolist(), margins.tolist()
+
+
+def prompts(n: int, length: int, seed: int) -> list:
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(10, 2000) for _ in range(length)] for _ in range(n)]
+
+
+def check(seeds=(1, 2, 3), chunk: int = CHUNK, n: int = 32, length: int = 130, max_new: int = 64) -> dict:
+    """The target's checks, per prompt seed: float32 reference; bf16 (transformers, same
+    weights) equal to it; smallest logit margin; requests changed by chunk - 1 and chunk + 1;
+    distinct outputs; share of choices made by the chunk-start vote."""
+    import torch
+
+    ref32, bf16 = hf_model(chunk), hf_model(chunk, dtype=torch.bfloat16)
+    near = {c: hf_model(c) for c in (chunk - 1, chunk + 1)}
+    out = {}
+    for s in seeds:
+        ps = prompts(n, length, s)
+        ref, margin = greedy(ref32, ps, max_new)
+        low, _ = greedy(bf16, ps, max_new)
+        row = {"bf16_equal": sum(a == b for a, b in zip(ref, low)), "min_margin": round(min(margin), 3),
+               "distinct": len({tuple(o) for o in ref})}
+        for c, m in near.items():
+            other, _ = greedy(m, ps, max_new)
+            row[f"changed_by_chunk_{c}"] = sum(a != b for a, b in zip(ref, other))
+        out[s] = row
+        print(f"seed {s}: {json.dumps(row)}", flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", default=os.environ.get("PROMPT_SEEDS", "1,2,3"))
+    ap.add_argument("--chunk", type=int, default=CHUNK)
+    a = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("CHECK_THREADS", "6")))
+    check(tuple(int(x) for x in a.seeds.split(",")), a.chunk)

@@ -868,6 +868,53 @@ def judge(row: dict, ref: list, n: int) -> dict:
     return {"state": "served", "per_seed": per_seed, "accept_length": row.get("accept_length")}
 
 
+def against_reference(tag: str, out: str, reqs: list, model_fn, rows: dict) -> dict:
+    """Runs ``rows`` ({key: (args, env)}) side by side while transformers' float32 output of
+    ``model_fn()`` for ``reqs`` is computed on the CPU; judges every row against it per prompt
+    seed (32 requests each); prints one ``tag`` line per row; writes ``<tag>_outputs.json``."""
+    import readout
+
+    ref_box = {}
+
+    def reference():
+        import torch
+
+        torch.set_num_threads(4)
+        model = model_fn()
+        ref_box["outputs"], ref_box["margins"] = [], []
+        for i in range(0, len(reqs), 32):
+            o, m = readout.greedy(model, reqs[i:i + 32], 64)
+            ref_box["outputs"] += o
+            ref_box["margins"] += m
+
+    ref_thread = threading.Thread(target=reference)
+    ref_thread.start()
+    only = os.environ.get("ROWS")
+    if only:
+        rows = {k: v for k, v in rows.items() if k in only.split(",")}
+    res = run_many({k: (f"{tag}_{k}", out, args, env, reqs, 64, {"concurrency": 32}) for k, (args, env) in rows.items()})
+    ref_thread.join()
+    ref = ref_box["outputs"]
+    table = {k: judge(res[k], ref, 32) for k in rows}
+    with open(os.path.join(out, f"{tag}_outputs.json"), "w") as f:
+        json.dump({"reference": ref, **{k: res[k].get("outputs") for k in rows}}, f)
+    for k, v in table.items():
+        cells = (" | ".join(f"{c['identical']}/{c['of']} {c['bands']}" for c in v["per_seed"])
+                 if v["state"] == "served" else f"{v['state']}: {v['error']}")
+        print(f"{tag.upper()} {k}: {cells} | accept {v.get('accept_length')}", flush=True)
+    return {"reference_min_margin": round(min(ref_box["margins"]), 3),
+            "reference_distinct": len({tuple(o) for o in ref}), "table": table,
+            **{k: {x: v.get(x) for x in ("state", "error", "accept_length", "startup_s", "assertions", "fix_log",
+                                         "illegal_memory_access")} for k, v in res.items()}}
+
+
+def exact_base(target: str, total: int = 16384) -> list:
+    """sglang's defaults (CUDA graphs on, the backend's page size) for the exact scenarios."""
+    return ["--skip-tokenizer-init", "--disable-piecewise-cuda-graph", "--mem-fraction-static", os.environ.get("MEM_FRACTION", "0.5"),
+            "--max-total-tokens", str(total), "--swa-full-tokens-ratio", "0.25", "--random-seed", "0",
+            "--model-path", target, "--cuda-graph-max-bs", "32"]
+
+
 def scenario_llama4_exact(out, _target, _draft):
     """Issue #26: Llama 4 on FA3 against the model's own float32 output (transformers' Llama 4 on
     the CPU, its chunked mask). Target and draft: tests/gpu/llama4_target.py (chunked layers
@@ -877,31 +924,15 @@ def scenario_llama4_exact(out, _target, _draft):
     fa3's page size) unless a row says "eager" (graphs off) or "nohy" (one pool,
     --disable-hybrid-swa-memory). Rows: plain decode (plugin on and off, one pool graphs off);
     EAGLE3 topk 1 (3 steps, 4 draft tokens), topk 2 (3 steps, 4), topk 4 (3 steps, 8): plugin
-    on (hybrid / one pool, graphs on / off) and stock (hybrid, graphs on)."""
+    on (hybrid / one pool, graphs on / off) and stock (hybrid, graphs on). ATTRIBUTE (fix names)
+    adds plain-decode rows with each fix alone and all fixes but it."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import llama4_target as lt
 
     seeds = prompt_seeds()
     target, draft = lt.save(tempfile.mkdtemp(prefix="swa_llama4_exact_"))
     reqs = [p for s in seeds for p in lt.prompts(32, 130, s)]
-    ref_box = {}
-
-    def reference():  # CPU, beside the servers
-        import torch
-
-        torch.set_num_threads(4)
-        model = lt.hf_model()
-        ref_box["outputs"], ref_box["margins"] = [], []
-        for i in range(0, len(reqs), 32):
-            o, m = lt.greedy(model, reqs[i:i + 32], 64)
-            ref_box["outputs"] += o
-            ref_box["margins"] += m
-
-    ref_thread = threading.Thread(target=reference)
-    ref_thread.start()
-    base = ["--skip-tokenizer-init", "--disable-piecewise-cuda-graph", "--mem-fraction-static", os.environ.get("MEM_FRACTION", "0.5"),
-            "--max-total-tokens", "16384", "--swa-full-tokens-ratio", "0.25", "--random-seed", "0",
-            "--model-path", target, "--attention-backend", "fa3", "--cuda-graph-max-bs", "32"]
+    base = exact_base(target) + ["--attention-backend", "fa3"]
     nohy = ["--disable-hybrid-swa-memory"]
     spec = {1: eagle3_real(draft, 1, 3, 4), 2: eagle3_real(draft, 2, 3, 4), 4: eagle3_real(draft, 4, 3, 8)}
     rows = {"plain_on": (base, ON), "plain_off": (base, OFF), "plain_nohy_eager_off": (eager(base + nohy), OFF),
@@ -914,24 +945,35 @@ def scenario_llama4_exact(out, _target, _draft):
         rows.update({f"k{k}_on": (base + sp, ON), f"k{k}_nohy_on": (base + sp + nohy, ON),
                      f"k{k}_eager_on": (eager(base + sp), ON), f"k{k}_nohy_eager_on": (eager(base + sp + nohy), ON),
                      f"k{k}_off": (base + sp, OFF)})
-    only = os.environ.get("ROWS")
-    if only:
-        rows = {k: v for k, v in rows.items() if k in only.split(",")}
-    res = run_many({k: (f"llama4x_{k}", out, args, env, reqs, 64, {"concurrency": 32}) for k, (args, env) in rows.items()})
-    ref_thread.join()
-    ref = ref_box["outputs"]
-    res = log_facts(res, out, fix="fa3_local_attn")
-    table = {k: judge(res[k], ref, 32) for k in rows}
-    with open(os.path.join(out, "llama4_exact_outputs.json"), "w") as f:
-        json.dump({"reference": ref, **{k: res[k].get("outputs") for k in rows}}, f)
-    for k, v in table.items():
-        cells = (" | ".join(f"{c['identical']}/{c['of']} {c['bands']}" for c in v["per_seed"])
-                 if v["state"] == "served" else f"{v['state']}: {v['error']}")
-        print(f"LLAMA4_EXACT {k}: {cells} | accept {v.get('accept_length')}", flush=True)
-    return {"seeds": seeds, "reference_min_margin": round(min(ref_box["margins"]), 3),
-            "reference_distinct": len({tuple(o) for o in ref}), "table": table,
-            **{k: {x: v.get(x) for x in ("state", "error", "accept_length", "startup_s", "assertions", "fix_log",
-                                         "illegal_memory_access")} for k, v in res.items()}}
+    return {"seeds": seeds, **against_reference("llama4_exact", out, reqs, lt.hf_model, rows)}
+
+
+BACKEND_ARGS = {"fa3": ["--attention-backend", "fa3"], "flashinfer": ["--attention-backend", "flashinfer"],
+                "triton": ["--attention-backend", "triton"],
+                # XQA decode on Hopper; sglang refuses trtllm_mha prefill on sm90 before 0.5.19
+                "trtllm_mha": ["--decode-attention-backend", "trtllm_mha", "--prefill-attention-backend", "fa3"]}
+
+
+def scenario_gptoss_exact(out, _target, _draft):
+    """Issues #27/#28 (first slice): the GPT-OSS readout target (tests/gpu/gptoss_target.py: its
+    sliding layer attends the oldest key of its window, so the window's exact size decides a
+    quarter of the tokens) against transformers' float32 output, plain decode, per backend
+    (BACKENDS, default fa3,flashinfer,triton,trtllm_mha) with and without the plugin, CUDA
+    graphs ON, sglang's page size; "small": --max-total-tokens 4096 (32 requests of 194 tokens
+    do not fit: retractions); control: fa3, one pool, graphs off, stock. PROMPT_SEEDS."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import gptoss_target as gt
+
+    seeds = prompt_seeds()
+    target = gt.save(tempfile.mkdtemp(prefix="swa_gptoss_exact_"))
+    reqs = [p for s in seeds for p in gt.prompts(32, 130, s)]
+    rows = {"fa3_nohy_eager_off": (eager(exact_base(target) + BACKEND_ARGS["fa3"] + ["--disable-hybrid-swa-memory"]), OFF)}
+    for b in os.environ.get("BACKENDS", "fa3,flashinfer,triton,trtllm_mha").split(","):
+        rows[f"{b}_on"] = (exact_base(target) + BACKEND_ARGS[b], ON)
+        rows[f"{b}_off"] = (exact_base(target) + BACKEND_ARGS[b], OFF)
+        rows[f"{b}_eager_off"] = (eager(exact_base(target) + BACKEND_ARGS[b]), OFF)
+        rows[f"{b}_small_on"] = (exact_base(target, 4096) + BACKEND_ARGS[b], ON)
+    return {"seeds": seeds, **against_reference("gptoss_exact", out, reqs, gt.hf_model, rows)}
 
 
 def eagle3_real(draft: str, topk: int, steps: int, draft_tokens: int) -> list:
@@ -1546,7 +1588,8 @@ SCENARIOS = {"trtllm_eagle_accept": scenario_trtllm_eagle_accept, "xqa_verify": 
              "guard_server": scenario_guard_server, "batched_decode": scenario_batched_decode, "cost": scenario_cost,
              "llama4_fa3": scenario_llama4_fa3, "fi_verify": scenario_fi_verify, "llama4_eagle": scenario_llama4_eagle,
              "llama4_tree": scenario_llama4_tree, "llama4_tree_wide": scenario_llama4_tree_wide,
-             "triton_mtp": scenario_triton_mtp, "llama4_exact": scenario_llama4_exact}
+             "triton_mtp": scenario_triton_mtp, "llama4_exact": scenario_llama4_exact,
+             "gptoss_exact": scenario_gptoss_exact}
 
 
 def _summary(res: dict) -> dict:

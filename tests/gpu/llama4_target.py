@@ -41,71 +41,14 @@ import json
 import math
 import os
 
-H, V, HD, NH, NKV, FF, L = 256, 2048, 64, 4, 2, 512, 4
-THETA = 10000.0
+import readout
+from readout import CODE, CONST, H, HD, PA, THETA, V, greedy, prompts  # noqa: F401 (greedy, prompts: the scenario's)
+
+NH, NKV, FF, L = 4, 2, 512, 4
 CHUNK = 32
-CODE, CONST, PA, PB = slice(0, 64), 64, slice(128, 192), slice(192, 256)
-REPR = 1000  # class k's output token is REPR + k
-VOTE_A, VOTE_B, SCALES = 0.8, 1.0, (0.675, 1.0)
-STEP, PEAK = 12.0, 16.0  # score gaps (after the 1/sqrt(64) scaling)
-RAMP_SPAN, PEAK_SPAN, B_DELTA = 40, 300, 1
-LOGIT = 0.1  # lm_head scale
+B_DELTA = 1
 D_PB, D_PA = slice(0, 64), slice(64, 128)  # the draft's hidden coordinates
-
-
-def _freqs(theta: float = THETA):
-    import numpy as np
-
-    return theta ** (-np.arange(0, HD, 2) / HD)
-
-
-def _profile(kind: str, delta: int = 0):
-    """Per RoPE pair j: (amplitude A_j, phase psi_j) of score(d) = sum_j A_j cos(d w_j + psi_j),
-    from a linear program (least total amplitude, which bounds bf16's error): 'ramp' rises by
-    STEP per position over 0..RAMP_SPAN; 'peak' is PEAK above every other d in 0..PEAK_SPAN."""
-    import numpy as np
-    from scipy.optimize import linprog
-
-    w = _freqs()
-    n = 2 * len(w)
-
-    def basis(ds):
-        ds = np.asarray(ds, dtype=float)[:, None]
-        return np.concatenate([np.cos(ds * w), np.sin(ds * w)], 1)
-
-    if kind == "ramp":
-        b = basis(range(RAMP_SPAN + 1))
-        g, margin = b[1:] - b[:-1], STEP
-    elif kind == "recent":  # delta 1 first, delta 2 second, each PEAK above what follows
-        b = basis(range(PEAK_SPAN + 1))
-        g, margin = np.vstack([b[1] - b[2], b[2][None, :] - np.delete(b, [1, 2], 0)]), PEAK
-    else:
-        b = basis(range(PEAK_SPAN + 1))
-        g, margin = b[delta][None, :] - np.delete(b, delta, 0), PEAK
-    eye = np.eye(n)
-    a_ub = np.vstack([np.hstack([-g, np.zeros_like(g)]), np.hstack([eye, -eye]), np.hstack([-eye, -eye])])
-    b_ub = np.concatenate([-margin * np.ones(len(g)), np.zeros(2 * n)])
-    res = linprog(np.concatenate([np.zeros(n), np.ones(n)]), A_ub=a_ub, b_ub=b_ub,
-                  bounds=[(None, None)] * n + [(0, None)] * n, method="highs")
-    assert res.status == 0, res.message
-    c = res.x[:n]
-    cos, sin = c[: len(w)], c[len(w):]
-    return np.hypot(cos, sin), np.arctan2(-sin, cos)
-
-
-def _qk(kind: str, delta: int = 0, neox: bool = False):
-    """(q, k), 64 dims each, whose RoPE'd dot product times 1/sqrt(64) is the profile's score.
-    Llama 4 (HF) pairs dims (2j, 2j+1); Llama's neox layout pairs (j, j + 32)."""
-    import torch
-
-    amp, psi = _profile(kind, delta)
-    q, k = torch.zeros(HD, dtype=torch.float64), torch.zeros(HD, dtype=torch.float64)
-    for j, (a, p) in enumerate(zip(amp, psi)):
-        r = math.sqrt(a)
-        re, im = (j, j + HD // 2) if neox else (2 * j, 2 * j + 1)
-        k[re] = r
-        q[re], q[im] = r * math.cos(p) * math.sqrt(HD), r * math.sin(p) * math.sqrt(HD)
-    return q, k
+LOGIT = readout.LOGIT
 
 
 def weights(seed: int = 26) -> dict:
@@ -114,35 +57,18 @@ def weights(seed: int = 26) -> dict:
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    had = torch.ones(1, 1)
-    while had.shape[0] < 64:
-        had = torch.cat([torch.cat([had, had], 1), torch.cat([had, -had], 1)], 0)
-    perm = torch.randperm(64, generator=g)
-    cls = torch.randint(0, 64, (V,), generator=g)
-    cls[REPR:REPR + 64] = perm
-    scale = torch.tensor(SCALES)[torch.randint(0, 2, (64,), generator=g)]
-    emb = torch.zeros(V, H)
-    emb[:, CODE], emb[:, CONST:CONST + 8] = had[cls], 1.0
-    rep = torch.arange(REPR, REPR + 64)
-    head = torch.zeros(V, H)
-    head[:, CONST:CONST + 8] = -LOGIT  # every token but the 64 outputs scores below zero
-    head[rep] = 0.0
-    head[rep, PA] = LOGIT * VOTE_A * scale[:, None] * had
-    head[rep, PB] = LOGIT * VOTE_B * scale[:, None] * had
-    sd = {"model.embed_tokens.weight": emb, "lm_head.weight": head, "model.norm.weight": torch.ones(H)}
-    rms = [math.sqrt(72 / H), math.sqrt((72 + 64) / H)]  # residual rms entering layers 0 and 1
+    voc = readout.vocab(g)
+    had, rep = voc["had"], voc["rep"]
+    sd = {"model.embed_tokens.weight": voc["emb"], "lm_head.weight": voc["head"], "model.norm.weight": torch.ones(H)}
     for i in range(L):
         p = f"model.layers.{i}."
-        wq, wk, wv, wo = torch.zeros(NH * HD, H), torch.zeros(NKV * HD, H), torch.zeros(NKV * HD, H), torch.zeros(H, NH * HD)
         if i < 2:
-            q, k = _qk("ramp") if i == 0 else _qk("peak", B_DELTA)
-            wq[0:HD, CONST] = q * rms[i]  # head 0 (KV group 0) only; the other heads' outputs are dropped
-            wk[0:HD, CONST] = k * rms[i]
-            wv[0:HD, CODE] = torch.eye(HD)
-            wo[PA if i == 0 else PB, 0:HD] = torch.eye(HD) * rms[i]
-        sd.update({p + "self_attn.q_proj.weight": wq, p + "self_attn.k_proj.weight": wk,
-                   p + "self_attn.v_proj.weight": wv, p + "self_attn.o_proj.weight": wo,
-                   p + "input_layernorm.weight": torch.ones(H), p + "post_attention_layernorm.weight": torch.ones(H),
+            w = readout.deciding_layer(i, "ramp" if i == 0 else "peak", 0 if i == 0 else B_DELTA, NH, NKV, neox=False)
+        else:
+            w = {"q": torch.zeros(NH * HD, H), "k": torch.zeros(NKV * HD, H), "v": torch.zeros(NKV * HD, H),
+                 "o": torch.zeros(H, NH * HD)}
+        sd.update({p + f"self_attn.{n}_proj.weight": w[n] for n in "qkvo"})
+        sd.update({p + "input_layernorm.weight": torch.ones(H), p + "post_attention_layernorm.weight": torch.ones(H),
                    p + "feed_forward.gate_proj.weight": torch.randn(FF, H, generator=g) * 0.1,
                    p + "feed_forward.up_proj.weight": torch.randn(FF, H, generator=g) * 0.1,
                    p + "feed_forward.down_proj.weight": torch.zeros(H, FF)})
@@ -152,7 +78,7 @@ def weights(seed: int = 26) -> dict:
     rms_e, rms_h = math.sqrt(72 / H), math.sqrt((64 + 64 * 0.25) / H)
     dq, dk, dv, do = torch.zeros(NH * HD, 2 * H), torch.zeros(NKV * HD, 2 * H), torch.zeros(NKV * HD, 2 * H), torch.zeros(H, NH * HD)
     for grp, (kind, delta) in enumerate((("recent", 0), ("peak", 0))):
-        q, k = _qk(kind, delta, neox=True)
+        q, k = readout.qk(kind, delta, neox=True)
         for h in (2 * grp, 2 * grp + 1):
             dq[h * HD:(h + 1) * HD, CONST] = q * rms_e
         dk[grp * HD:(grp + 1) * HD, CONST] = k * rms_e
@@ -165,7 +91,7 @@ def weights(seed: int = 26) -> dict:
     dhead = torch.zeros(V, H)
     dhead[rep, D_PB] = LOGIT * had
     dhead[rep, D_PA] = LOGIT * had
-    draft = {"fc.weight": fc, "embed_tokens.weight": emb, "lm_head.weight": dhead, "norm.weight": torch.ones(H),
+    draft = {"fc.weight": fc, "embed_tokens.weight": voc["emb"], "lm_head.weight": dhead, "norm.weight": torch.ones(H),
              "midlayer.input_layernorm.weight": torch.ones(H), "midlayer.hidden_norm.weight": torch.ones(H),
              "midlayer.post_attention_layernorm.weight": torch.ones(H),
              "midlayer.self_attn.q_proj.weight": dq, "midlayer.self_attn.k_proj.weight": dk,
@@ -173,7 +99,7 @@ def weights(seed: int = 26) -> dict:
              "midlayer.mlp.gate_proj.weight": torch.randn(FF, H, generator=g) * 0.1,
              "midlayer.mlp.up_proj.weight": torch.randn(FF, H, generator=g) * 0.1,
              "midlayer.mlp.down_proj.weight": torch.zeros(H, FF)}
-    return {"target": sd, "draft": draft, "cls": cls, "scale": scale, "perm": perm}
+    return {"target": sd, "draft": draft, **voc}
 
 
 def text_config(chunk: int = CHUNK) -> dict:
@@ -238,29 +164,6 @@ def hf_model(chunk: int = CHUNK, seed: int = 26, dtype=None):
     missing, unexpected = model.load_state_dict(sd, strict=False)
     assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
     return model.to(dtype or torch.float32)
-
-
-def greedy(model, prompts: list, max_new: int) -> tuple:
-    """Greedy continuation of equal-length prompts, the whole sequence recomputed every step (no
-    cache). Returns (outputs, smallest relative logit margin of each request)."""
-    import torch
-
-    ids = torch.tensor(prompts)
-    margins = torch.full((len(prompts),), float("inf"))
-    with torch.no_grad():
-        for _ in range(max_new):
-            logits = model(input_ids=ids).logits[:, -1].float()
-            top = logits.topk(2, dim=-1).values
-            margins = torch.minimum(margins, (top[:, 0] - top[:, 1]) / top[:, 0].abs().clamp_min(1e-9))
-            ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], 1)
-    return ids[:, len(prompts[0]):].tolist(), margins.tolist()
-
-
-def prompts(n: int, length: int, seed: int) -> list:
-    import random
-
-    rng = random.Random(seed)
-    return [[rng.randrange(10, 2000) for _ in range(length)] for _ in range(n)]
 
 
 def check(seeds=(1, 2, 3), chunk: int = CHUNK, n: int = 32, length: int = 130, max_new: int = 64) -> dict:

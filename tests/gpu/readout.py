@@ -1,0 +1,146 @@
+"""Shared pieces of the readout targets (tests/gpu/llama4_target.py, tests/gpu/gptoss_target.py):
+RoPE score profiles from a linear program, the class codes and votes, prompts, and greedy
+decoding of a transformers model in float32 with the whole sequence recomputed every step.
+
+A readout target's tokens belong to one of 64 classes; a token's embedding is its class's
+Hadamard code (+-1) on hidden coordinates 0-63 and 1 on 64-71. Its attention layers read q and
+k from coordinate 64 only, so each layer's score is a fixed function of the distance between
+query and key, set through RoPE (``qk``); each layer writes the attended token's code on its own
+64 coordinates, and the lm_head turns the codes into votes.
+"""
+
+from __future__ import annotations
+
+import math
+
+HD = 64
+THETA = 10000.0
+STEP, PEAK = 12.0, 16.0  # score gaps (after the 1/sqrt(64) scaling)
+RAMP_SPAN, PEAK_SPAN = 40, 300
+H, V = 256, 2048
+CODE, CONST, PA, PB = slice(0, 64), 64, slice(128, 192), slice(192, 256)  # hidden coordinates
+REPR = 1000  # class k's output token is REPR + k
+VOTE_A, VOTE_B, SCALES = 0.8, 1.0, (0.675, 1.0)
+LOGIT = 0.1  # lm_head scale
+RMS = (math.sqrt(72 / H), math.sqrt((72 + 64) / H))  # residual rms entering the two deciding layers
+
+
+def vocab(g) -> dict:
+    """Classes and votes (torch generator ``g``): every token's class (token REPR + k has class
+    perm[k], so generated text walks a permutation instead of collapsing), class scales, the
+    embedding and the lm_head. The next token is REPR + k for the class k with the larger vote
+    s_k * w, w = VOTE_A for the class written on PA, VOTE_B for PB (equal classes add up); every
+    other token scores below zero."""
+    import torch
+
+    had = torch.ones(1, 1)
+    while had.shape[0] < 64:  # Sylvester Hadamard 64 x 64: the class codes, orthogonal
+        had = torch.cat([torch.cat([had, had], 1), torch.cat([had, -had], 1)], 0)
+    perm = torch.randperm(64, generator=g)
+    cls = torch.randint(0, 64, (V,), generator=g)
+    cls[REPR:REPR + 64] = perm
+    scale = torch.tensor(SCALES)[torch.randint(0, 2, (64,), generator=g)]
+    emb = torch.zeros(V, H)
+    emb[:, CODE], emb[:, CONST:CONST + 8] = had[cls], 1.0
+    rep = torch.arange(REPR, REPR + 64)
+    head = torch.zeros(V, H)
+    head[:, CONST:CONST + 8] = -LOGIT
+    head[rep] = 0.0
+    head[rep, PA] = LOGIT * VOTE_A * scale[:, None] * had
+    head[rep, PB] = LOGIT * VOTE_B * scale[:, None] * had
+    return {"had": had, "perm": perm, "cls": cls, "scale": scale, "emb": emb, "head": head, "rep": rep}
+
+
+def deciding_layer(i: int, kind: str, delta: int, nh: int, nkv: int, neox: bool) -> dict:
+    """q, k, v, o weights (float32, [out, in]) of deciding layer ``i`` (0: writes PA, 1: PB):
+    head 0 (KV group 0) scores by ``qk(kind, delta)`` on the constant coordinate and copies the
+    attended token's code; the other heads' outputs are dropped by o."""
+    import torch
+
+    q, k = qk(kind, delta, neox=neox)
+    wq, wk, wv, wo = torch.zeros(nh * HD, H), torch.zeros(nkv * HD, H), torch.zeros(nkv * HD, H), torch.zeros(H, nh * HD)
+    wq[0:HD, CONST] = q * RMS[i]
+    wk[0:HD, CONST] = k * RMS[i]
+    wv[0:HD, CODE] = torch.eye(HD)
+    wo[PA if i == 0 else PB, 0:HD] = torch.eye(HD) * RMS[i]
+    return {"q": wq, "k": wk, "v": wv, "o": wo}
+
+
+def freqs(theta: float = THETA):
+    import numpy as np
+
+    return theta ** (-np.arange(0, HD, 2) / HD)
+
+
+def profile(kind: str, delta: int = 0):
+    """Per RoPE pair j: (amplitude A_j, phase psi_j) of score(d) = sum_j A_j cos(d w_j + psi_j),
+    from a linear program (least total amplitude, which bounds bf16's error): 'ramp' rises by
+    STEP per position over 0..RAMP_SPAN; 'peak' is PEAK above every other d in 0..PEAK_SPAN."""
+    import numpy as np
+    from scipy.optimize import linprog
+
+    w = freqs()
+    n = 2 * len(w)
+
+    def basis(ds):
+        ds = np.asarray(ds, dtype=float)[:, None]
+        return np.concatenate([np.cos(ds * w), np.sin(ds * w)], 1)
+
+    if kind == "ramp":
+        b = basis(range(RAMP_SPAN + 1))
+        g, margin = b[1:] - b[:-1], STEP
+    elif kind == "recent":  # delta 1 first, delta 2 second, each PEAK above what follows
+        b = basis(range(PEAK_SPAN + 1))
+        g, margin = np.vstack([b[1] - b[2], b[2][None, :] - np.delete(b, [1, 2], 0)]), PEAK
+    else:
+        b = basis(range(PEAK_SPAN + 1))
+        g, margin = b[delta][None, :] - np.delete(b, delta, 0), PEAK
+    eye = np.eye(n)
+    a_ub = np.vstack([np.hstack([-g, np.zeros_like(g)]), np.hstack([eye, -eye]), np.hstack([-eye, -eye])])
+    b_ub = np.concatenate([-margin * np.ones(len(g)), np.zeros(2 * n)])
+    res = linprog(np.concatenate([np.zeros(n), np.ones(n)]), A_ub=a_ub, b_ub=b_ub,
+                  bounds=[(None, None)] * n + [(0, None)] * n, method="highs")
+    assert res.status == 0, res.message
+    c = res.x[:n]
+    cos, sin = c[: len(w)], c[len(w):]
+    return np.hypot(cos, sin), np.arctan2(-sin, cos)
+
+
+def qk(kind: str, delta: int = 0, neox: bool = False):
+    """(q, k), 64 dims each, whose RoPE'd dot product times 1/sqrt(64) is the profile's score.
+    Llama 4 (HF) pairs dims (2j, 2j+1); Llama's neox layout pairs (j, j + 32)."""
+    import torch
+
+    amp, psi = profile(kind, delta)
+    q, k = torch.zeros(HD, dtype=torch.float64), torch.zeros(HD, dtype=torch.float64)
+    for j, (a, p) in enumerate(zip(amp, psi)):
+        r = math.sqrt(a)
+        re, im = (j, j + HD // 2) if neox else (2 * j, 2 * j + 1)
+        k[re] = r
+        q[re], q[im] = r * math.cos(p) * math.sqrt(HD), r * math.sin(p) * math.sqrt(HD)
+    return q, k
+
+
+def greedy(model, prompts: list, max_new: int) -> tuple:
+    """Greedy continuation of equal-length prompts, the whole sequence recomputed every step (no
+    cache). Returns (outputs, smallest relative logit margin of each request)."""
+    import torch
+
+    ids = torch.tensor(prompts)
+    margins = torch.full((len(prompts),), float("inf"))
+    with torch.no_grad():
+        for _ in range(max_new):
+            logits = model(input_ids=ids).logits[:, -1].float()
+            top = logits.topk(2, dim=-1).values
+            margins = torch.minimum(margins, (top[:, 0] - top[:, 1]) / top[:, 0].abs().clamp_min(1e-9))
+            ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], 1)
+    return ids[:, len(prompts[0]):].tolist(), margins.tolist()
+
+
+def prompts(n: int, length: int, seed: int) -> list:
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(10, 2000) for _ in range(length)] for _ in range(n)]
+
+

@@ -8,12 +8,13 @@ spawned scheduler included). When that import completes, and only if this sglang
 ``sglang.srt.plugins``, it applies the plugin exactly as ``register()`` does. On sglang
 >= 0.5.11 it does nothing: sglang itself loads the plugin through its entry point.
 
-A process that never imports sglang pays for importing this file and nothing else.
-``SGLANG_SWA_PLUGIN=0`` turns it off too. To remove it, ``pip uninstall sglang-swa-plugin``
+A process that never imports sglang pays for importing this file and nothing else: the
+settings are read only when the trigger fires, by the plugin's one settings parser
+(``sglang_swa_plugin.config``); ``SGLANG_SWA_PLUGIN=0`` (or any value it reads as off) keeps
+the hook inert. To remove it, ``pip uninstall sglang-swa-plugin``
 (the .pth file is part of the installed files and goes with them).
 """
 
-import os
 import sys
 
 TRIGGER = "sglang.srt.model_executor.model_runner"
@@ -29,6 +30,10 @@ def _activate() -> None:
     except Exception:  # noqa: BLE001
         return
     try:
+        from sglang_swa_plugin import config
+
+        if not config.get().enabled:
+            return
         from sglang_swa_plugin.core import register
 
         register("start-up hook")
@@ -69,6 +74,5 @@ def disarm() -> None:
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Finder)]
 
 
-if os.environ.get("SGLANG_SWA_PLUGIN", "").strip().lower() not in ("0", "false", "off", "no"):
-    if not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+if not any(isinstance(f, _Finder) for f in sys.meta_path):
+    sys.meta_path.insert(0, _Finder())

@@ -1,14 +1,27 @@
-"""Environment toggles, read once per process.
+"""Environment settings, read once per process. The only parser of the plugin's settings:
+the runtime (``register()``), the start-up hook, ``doctor`` and ``check`` all read them here.
 
-SGLANG_SWA_PLUGIN        on (default) | 0/false/off/no: install nothing
+SGLANG_SWA_PLUGIN        on (default) | 0/false/off/no: install nothing (the start-up hook
+                         stays inert too)
 SGLANG_SWA_PLUGIN_FIXES  all (default) | comma list of fix names (any case); "-name" excludes
+                         one; "all,-name" is every fix but one
 SGLANG_SWA_PLUGIN_STRICT off (default) | 1: a selected fix that is needed but cannot be
                          installed, or a bad setting, stops the server start
 SGLANG_SWA_PLUGIN_GUARD  off (default) | 1: install the SWA index guard
 
-A bad value never lowers protection: the variable falls back to its default (plugin on,
-all fixes, guard off) and is reported in one line naming it, its value and the valid
-values. A malformed SGLANG_SWA_PLUGIN_STRICT counts as on (it most likely meant on).
+Booleans accept 1/true/on/yes and 0/false/off/no (any case). A bad value never lowers
+protection: the variable falls back to its default (plugin on, all fixes, guard off) and is
+reported in one line naming it, its value and the valid values. A malformed
+SGLANG_SWA_PLUGIN_STRICT counts as on (it most likely meant on).
+
+Read elsewhere, and documented here so that this list is complete:
+SGLANG_PLUGINS           sglang's own allow-list of plugin names (>= 0.5.11); unset, or
+                         naming swa_plugin, lets sglang load the plugin. ``doctor`` and
+                         ``check`` read it to tell whether the plugin will load.
+SGLANG_SWA_PLUGIN_FI_TORCH_MASK
+                         exactly 1: flashinfer_swa_verify builds its verify keys and mask
+                         with torch ops instead of its Triton kernels (the reference the
+                         GPU tests compare against); anything else: Triton on CUDA tensors.
 """
 
 from __future__ import annotations
@@ -23,6 +36,8 @@ FIXES = "SGLANG_SWA_PLUGIN_FIXES"
 STRICT = "SGLANG_SWA_PLUGIN_STRICT"
 GUARD = "SGLANG_SWA_PLUGIN_GUARD"
 ALL_VARS = (ENABLE, FIXES, STRICT, GUARD)
+SGLANG_PLUGINS = "SGLANG_PLUGINS"  # sglang's allow-list of plugins
+FI_TORCH_MASK = "SGLANG_SWA_PLUGIN_FI_TORCH_MASK"  # read by hooks/flashinfer_swa_verify.py
 
 _TRUE = {"1", "true", "on", "yes"}
 _FALSE = {"0", "false", "off", "no"}
@@ -73,13 +88,14 @@ class Config:
 
     def checked_against(self, known: Sequence[str]) -> "Config":
         """This configuration checked against the fixes that exist: where
-        SGLANG_SWA_PLUGIN_FIXES names one that does not, it falls back to all fixes."""
-        unknown = self.unknown_fix_names(known)
+        SGLANG_SWA_PLUGIN_FIXES names one that does not, it falls back to all fixes. With
+        the plugin off nothing is selected, so nothing is checked."""
+        unknown = self.unknown_fix_names(known) if self.enabled else []
         if not unknown:
             return self
         bad = BadSetting(
             FIXES, self.raw.get(FIXES) or "", f"names unknown fix(es) {', '.join(repr(u) for u in unknown)}",
-            "all, or a comma list of " + ", ".join(known) + " (any case; '-name' excludes one)",
+            FIX_NAMES_VALID + ": " + ", ".join(known),
             "the default (all fixes)",
         )
         return dataclasses.replace(self, include=None, exclude=frozenset(), bad=self.bad + (bad,))
@@ -97,6 +113,8 @@ class Config:
 
 
 def _bool(env: Mapping[str, str], var: str, default: bool, bad: List[BadSetting], if_bad: Optional[bool] = None) -> bool:
+    """The variable's boolean value; unset or blank: ``default``; anything else: ``if_bad``
+    (None: ``default``), reported in ``bad``."""
     raw = env.get(var)
     if raw is None or raw.strip() == "":
         return default
@@ -105,26 +123,26 @@ def _bool(env: Mapping[str, str], var: str, default: bool, bad: List[BadSetting]
         return True
     if v in _FALSE:
         return False
-    used = default if if_bad is None else if_bad
-    what = "the default" if used == default else "on, the safe reading"
-    bad.append(BadSetting(var, raw, "is not a boolean", BOOL_VALUES, f"{what} ({'on' if used else 'off'})"))
+    if if_bad is None:
+        used, why = default, f"the default ({'on' if default else 'off'})"
+    else:
+        word = "on" if if_bad else "off"
+        used, why = if_bad, f"{word} (a malformed {var} counts as {word})"
+    bad.append(BadSetting(var, raw, "is not a boolean", BOOL_VALUES, why))
     return used
 
 
+FIX_NAMES_VALID = "all, or a comma list of fix names (any case; '-name' excludes one, 'all,-name' is every fix but one)"
+
+
 def _fix_names(raw: Optional[str]) -> "tuple[Optional[FrozenSet[str]], FrozenSet[str]]":
-    if raw is None or raw.strip().lower() in ("", "all"):
-        return None, frozenset()
-    include: Optional[set] = None
-    exclude: set = set()
-    for item in (x.strip().lower() for x in raw.split(",")):
-        if not item:
-            continue
-        if item.startswith("-"):
-            exclude.add(item[1:].strip())
-        else:
-            include = include or set()
-            include.add(item)
-    return (frozenset(include) if include is not None else None), frozenset(exclude)
+    """(include, exclude): include None means every fix ("all", or only exclusions)."""
+    items = [x.strip().lower() for x in (raw or "").split(",")]
+    exclude = {x[1:].strip() for x in items if x.startswith("-")}
+    named = {x for x in items if x and not x.startswith("-")}
+    if not named or "all" in named:
+        return None, frozenset(exclude)
+    return frozenset(named), frozenset(exclude)
 
 
 def parse(env: Optional[Mapping[str, str]] = None) -> Config:

@@ -1,12 +1,15 @@
 """``sglang-swa-plugin doctor``: what the plugin will do in this environment, and whether
 it will load at all. Never a false all-clear (exit 1 and the reason whenever the plugin will
 not load or a selected, needed fix cannot be installed) and never a traceback: what cannot be
-imported is one line, and the rest of the report is still shown."""
+imported is one line, and the rest of the report is still shown. ``check`` reads the
+settings, the loading and each fix's status through the same functions (``settings``,
+``fix_records``, ``setting_problems``), so the two never disagree."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from typing import List, Optional
@@ -18,6 +21,14 @@ from .patching import DirectHooks
 
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
 ENTRY_POINT_NAME = "swa_plugin"
+NOT_LOADED = "not loaded"  # every fix's status where sglang's processes will not load the plugin
+
+# Import failures of sglang's CUDA-only stack on a machine without a GPU or CUDA runtime.
+_CUDA_ONLY = re.compile(r"torchvision::\w+ does not exist|libcudart|libcuda\b|libnvrtc|CUDA driver|NVIDIA driver|"
+                        r"sgl_kernel|no CUDA|not compiled with CUDA")
+IMPORT_HINT = ("hint: a CUDA-only part of sglang's stack does not load on this machine (no GPU, or a CPU-only "
+               "torch); on a CPU machine put tests/cpu_import_shims of the plugin's source tree on PYTHONPATH "
+               "(it makes those binaries importable), or run this where the GPU stack is installed")
 
 
 def _sglang_version() -> Optional[str]:
@@ -49,11 +60,16 @@ def _sglang_importable() -> Optional[str]:
     return None
 
 
-def load_problem(has_framework: bool, ours: list, allowed: str) -> Optional[str]:
+def import_hint(why: Optional[str]) -> Optional[str]:
+    """One line of advice where ``why`` (sglang cannot be imported) looks like a CUDA-only
+    binary failing on a CPU machine; else None."""
+    return IMPORT_HINT if why and _CUDA_ONLY.search(why) else None
+
+
+def load_problem(has_framework: Optional[bool], ours: list, allowed: str, import_error: Optional[str]) -> Optional[str]:
     """Why sglang's processes will not load the plugin, or None when they will."""
-    why = _sglang_importable()
-    if why:
-        return why
+    if import_error:
+        return import_error
     if not has_framework:
         if not _startup_hook_installed():
             return "this sglang has no plugin framework and the start-up hook (sglang_swa_plugin_autoload.pth) is not installed"
@@ -67,10 +83,11 @@ def load_problem(has_framework: bool, ours: list, allowed: str) -> Optional[str]
 
 
 def environment_report() -> dict:
-    has_fw = None if _sglang_importable() else _has_plugin_framework()
+    import_error = _sglang_importable()
+    has_fw = None if import_error else _has_plugin_framework()
     ours = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.value.startswith("sglang_swa_plugin")]
-    allowed = os.environ.get("SGLANG_PLUGINS", "")
-    problem = load_problem(has_fw, ours, allowed)
+    allowed = os.environ.get(_config.SGLANG_PLUGINS, "")
+    problem = load_problem(has_fw, ours, allowed, import_error)
     if problem:
         loader = "none: " + problem
     elif has_fw:
@@ -80,6 +97,7 @@ def environment_report() -> dict:
     return {
         "plugin_version": __version__,
         "sglang_version": _sglang_version(),
+        "sglang_import_error": import_error,
         "python": sys.version.split()[0],
         "plugin_framework": has_fw,
         "entry_point_found": bool(ours),
@@ -108,23 +126,50 @@ def _trial(fix, source, cfg) -> dict:
     return {k: v for k, v in rec.as_dict().items() if k != "in_effect"}
 
 
-def doctor_report() -> dict:
-    fixes = load_fixes()
-    cfg = _config.parse()
-    if cfg.enabled:
-        cfg = cfg.checked_against([f.name for f, _ in fixes])
-    records = [_trial(fix, source, cfg) for fix, source in fixes]  # first: the first import error is the telling one
+def settings(fixes) -> _config.Config:
+    """The settings as ``register()`` reads them: parsed, then checked against the fixes that
+    exist (an unknown fix name falls back to all fixes)."""
+    return _config.parse().checked_against([f.name for f, _ in fixes])
+
+
+def fix_records(fixes, cfg: _config.Config) -> "tuple[List[dict], dict]":
+    """Per fix what ``register()`` would do here (decided, installed for a trial, verified,
+    undone), and the environment report. Where sglang is importable but will not load the
+    plugin, every fix is ``not loaded``: it will not be applied (``if_loaded``: its status if
+    it were loaded)."""
+    # sglang's own import first: where it fails, the first attempt's error is the telling one
+    # (a second attempt may fail otherwise, or even pass, with sglang half initialised).
     env = environment_report()
+    records = [_trial(fix, source, cfg) for fix, source in fixes]
     for rec in broken_records() if cfg.enabled else ():
         records.append({k: v for k, v in rec.as_dict().items() if k != "in_effect"})
+    if not env["loads"] and not env["sglang_import_error"]:
+        for r in records:
+            r["if_loaded"] = r["status"]
+            r["status"], r["reason"] = NOT_LOADED, f"will not be applied: the plugin does not load (if it did: {r['status']})"
+    return records, env
+
+
+def setting_problems(cfg: _config.Config, env: dict) -> List[str]:
+    """What keeps the plugin from protecting this environment as configured, one line each:
+    it will not load, it is off, a setting is bad."""
     problems = []
     if not env["loads"]:
         problems.append(env["loaded_by"][len("none: "):])
     if not cfg.enabled:
         problems.append(f"{_config.ENABLE}={cfg.raw.get(_config.ENABLE)}: the plugin installs nothing")
-    problems += [f"fix {r['name']}: {r['status']}" for r in records if r["selected"] and r["status"] in PROBLEMS]
-    problems += [f"bad setting: {e}" for e in cfg.errors]
-    return {**env, "config": cfg.as_dict(), "fixes": records, "ok": not problems, "problems": problems}
+    return problems + [f"bad setting: {e}" for e in cfg.errors]
+
+
+def doctor_report() -> dict:
+    fixes = load_fixes()
+    cfg = settings(fixes)
+    records, env = fix_records(fixes, cfg)
+    problems = setting_problems(cfg, env)
+    if not env["sglang_import_error"]:  # else every fix is unknown for that one reason
+        problems += [f"fix {r['name']}: {r['status']}" for r in records if r["selected"] and r["status"] in PROBLEMS]
+    return {**env, "config": cfg.as_dict(), "fixes": records, "ok": not problems, "problems": problems,
+            "hint": import_hint(env["sglang_import_error"])}
 
 
 def print_doctor(rep: dict) -> None:
@@ -152,4 +197,6 @@ def print_doctor(rep: dict) -> None:
     if not rep["fixes"]:
         p("  (no fixes registered)")
     p("")
+    if rep.get("hint"):
+        p(rep["hint"])
     p("OK" if rep["ok"] else "PROBLEM: " + "; ".join(rep["problems"]))

@@ -238,6 +238,20 @@ def run_cli(*args: str, tmp_path, env: dict = None, python_args=()) -> subproces
                           env=child_env() if env is None else env)
 
 
+def copy_dist(name: str, dest: Path) -> None:
+    """The installed files of distribution ``name`` (package and dist-info) under ``dest``
+    (an interpreter started with ``-S`` and ``dest`` on PYTHONPATH sees only those)."""
+    import shutil
+    from importlib.metadata import distribution
+
+    dist = distribution(name)
+    for f in dist.files or ():
+        src = Path(dist.locate_file(f))
+        if src.is_file() and ".." not in f.parts and not f.parts[0].endswith(".pth"):
+            (dest / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / f)
+
+
 def report_json(filename: str, name: str, data: dict) -> None:
     """Print a GPU test's figures and, where ``OUT`` is set, merge them into ``$OUT/filename``."""
     print(f"{name}: {json.dumps(data)}")

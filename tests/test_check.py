@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from helpers import child_env, run_cli
+from helpers import BUILTIN_NAMES, HAS_PLUGIN_FRAMEWORK, child_env, copy_dist, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +62,48 @@ def test_the_guard_row_when_on(tmp_path):
     assert row["fixed_if_on"] is None and row["detection"] in ("needed", "not applicable"), row
     if row["reproduced_without"]:
         assert row["fixed_with"] is True, row
+
+
+BAD = {"SGLANG_SWA_PLUGIN": "maybe", "SGLANG_SWA_PLUGIN_FIXES": "trtllm_swa_pool,bogus_fix",
+       "SGLANG_SWA_PLUGIN_STRICT": "maybe", "SGLANG_SWA_PLUGIN_GUARD": "2"}
+
+
+def test_bad_settings_read_as_the_runtime_and_doctor_read_them(tmp_path):
+    """Every variable bad at once: check prints the BAD SETTING lines doctor prints, falls
+    back as the runtime does (plugin on, all fixes, guard off) and exits 1."""
+    check = run_cli("check", tmp_path=tmp_path, env=child_env(**BAD))
+    doctor = run_cli("doctor", tmp_path=tmp_path, env=child_env(**BAD))
+
+    def bad_lines(proc):
+        return [line for line in proc.stdout.splitlines() if line.startswith("BAD SETTING: ")]
+
+    assert len(bad_lines(check)) == 4 and bad_lines(check) == bad_lines(doctor), (check.stdout, doctor.stdout)
+    assert any("SGLANG_SWA_PLUGIN_FIXES='trtllm_swa_pool,bogus_fix'" in line and "using the default (all fixes)" in line
+               for line in bad_lines(check)), check.stdout
+    assert check.returncode == doctor.returncode == 1, (check.stdout, doctor.stdout)
+    assert check.stdout.rstrip().splitlines()[-1].startswith("PROBLEM: bad setting: "), check.stdout
+    assert "not selected" not in check.stdout and "plugin off" not in check.stdout, check.stdout
+
+
+def test_a_plugin_that_will_not_load_is_a_problem_and_every_row_says_so(tmp_path):
+    """sglang with a plugin loader: SGLANG_PLUGINS without us; without one (0.5.10): the plugin
+    switched off."""
+    env = {"SGLANG_PLUGINS": "other"} if HAS_PLUGIN_FRAMEWORK else {"SGLANG_SWA_PLUGIN": "0"}
+    proc = run_cli("check", "--json", tmp_path=tmp_path, env=child_env(**env))
+    rep = json.loads(proc.stdout)
+    assert proc.returncode == 1 and not rep["ok"], rep["problems"]
+    want = "SGLANG_PLUGINS=other does not name swa_plugin" if HAS_PLUGIN_FRAMEWORK else "SGLANG_SWA_PLUGIN=0"
+    assert rep["problems"][0].startswith(want), rep["problems"]
+    said = "will not be applied" if HAS_PLUGIN_FRAMEWORK else "disabled: SGLANG_SWA_PLUGIN=0"
+    assert sorted(r["fix"] for r in rep["rows"]) == BUILTIN_NAMES
+    for row in rep["rows"]:
+        assert said in row["note"] and row["fixed_with"] is None, row
+
+
+def test_without_sglang_one_line(tmp_path):
+    site = tmp_path / "site"
+    for name in ("sglang-swa-plugin", "pluggy"):
+        copy_dist(name, site)
+    proc = run_cli("check", tmp_path=tmp_path, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)},
+                   python_args=("-S",))
+    assert proc.returncode == 1 and proc.stdout == "PROBLEM: sglang is not installed\n", proc.stdout + proc.stderr

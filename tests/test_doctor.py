@@ -4,15 +4,17 @@ and the rest of the report is still shown."""
 
 from __future__ import annotations
 
-import shutil
-from importlib.metadata import distribution
-from pathlib import Path
+import re
 
-from helpers import BUILTIN_NAMES, child_env, needs_framework, run_cli
+from helpers import BUILTIN_NAMES, child_env, copy_dist, needs_framework, run_cli
 
 
 def _last_line(proc) -> str:
     return proc.stdout.rstrip().splitlines()[-1]
+
+
+def _fix_row(proc, name: str) -> str:
+    return next(line.strip() for line in proc.stdout.splitlines() if line.startswith(f"  {name} "))
 
 
 @needs_framework
@@ -20,6 +22,9 @@ def test_sglang_plugins_without_us_is_a_problem(tmp_path):
     proc = run_cli("doctor", tmp_path=tmp_path, env=child_env(SGLANG_PLUGINS="other_plugin"))
     assert proc.returncode == 1, proc.stdout
     assert _last_line(proc).startswith("PROBLEM: SGLANG_PLUGINS=other_plugin does not name swa_plugin"), proc.stdout
+    for name in BUILTIN_NAMES:  # no fix row claims what will not happen
+        row = _fix_row(proc, name)
+        assert re.match(rf"{name}\s+not loaded\s+will not be applied", row), row
 
 
 def test_plugin_switched_off_is_a_problem(tmp_path):
@@ -27,21 +32,11 @@ def test_plugin_switched_off_is_a_problem(tmp_path):
     assert proc.returncode == 1 and "SGLANG_SWA_PLUGIN=0: the plugin installs nothing" in _last_line(proc), proc.stdout
 
 
-def _copy_dist(name: str, dest: Path) -> None:
-    """The installed files of distribution ``name`` (package and dist-info) under ``dest``."""
-    dist = distribution(name)
-    for f in dist.files or ():
-        src = Path(dist.locate_file(f))
-        if src.is_file() and ".." not in f.parts and not f.parts[0].endswith(".pth"):
-            (dest / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / f)
-
-
 def test_without_sglang_it_says_so_and_fails(tmp_path):
     """An interpreter that sees only the plugin and pluggy (``-S``: no site-packages)."""
     site = tmp_path / "site"
     for name in ("sglang-swa-plugin", "pluggy"):
-        _copy_dist(name, site)
+        copy_dist(name, site)
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)}
     proc = run_cli("doctor", tmp_path=tmp_path, env=env, python_args=("-S",))
     assert "sglang:            not installed" in proc.stdout, proc.stdout + proc.stderr
@@ -60,3 +55,16 @@ def test_what_cannot_be_imported_is_a_line_not_a_traceback(tmp_path):
     for name in BUILTIN_NAMES:  # the rest of the report is there
         assert f"  {name} " in proc.stdout, proc.stdout
     assert "loaded by:" in proc.stdout and _last_line(proc).startswith("PROBLEM: ")
+    # sglang's CUDA-only stack failing on a CPU: one line of advice, just above the verdict
+    lines = proc.stdout.rstrip().splitlines()
+    assert lines[-2].startswith("hint: ") and "tests/cpu_import_shims" in lines[-2], proc.stdout
+    assert lines[-1].startswith("PROBLEM: cannot import sglang: ") and "; fix " not in lines[-1], lines[-1]
+
+
+def test_all_but_one_fix(tmp_path):
+    proc = run_cli("doctor", tmp_path=tmp_path, env=child_env(SGLANG_SWA_PLUGIN_FIXES="all,-trtllm_swa_pool"))
+    assert "BAD SETTING" not in proc.stdout and "bad setting" not in proc.stdout, proc.stdout
+    assert re.match(r"trtllm_swa_pool\s+disabled\s+not selected by SGLANG_SWA_PLUGIN_FIXES=all,-trtllm_swa_pool",
+                    _fix_row(proc, "trtllm_swa_pool")), proc.stdout
+    others = [_fix_row(proc, n) for n in BUILTIN_NAMES if n not in ("trtllm_swa_pool", "swa_index_guard")]
+    assert not [row for row in others if " disabled " in row], proc.stdout

@@ -4,9 +4,11 @@ and version, README commands that run as written, versions parsed with ``packagi
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from importlib.metadata import distribution
 
 import pytest
@@ -47,7 +49,7 @@ def test_readme_and_noxfile_name_sessions_that_exist():
     listed = subprocess.run([nox, "--list", "--json", "-f", str(REPO / "noxfile.py")], capture_output=True,
                             text=True, timeout=120, cwd=str(REPO))
     sessions = {s["session"] for s in json.loads(listed.stdout)} | {s["name"] for s in json.loads(listed.stdout)}
-    named = _nox_commands((REPO / "README.md").read_text()) + _nox_commands((REPO / "noxfile.py").read_text())
+    named = [cmd for doc in ("README.md", "CONTRIBUTING.md", "noxfile.py") for cmd in _nox_commands((REPO / doc).read_text())]
     assert len(named) >= 3, named
     for name in named:
         assert name in sessions, (name, sorted(sessions))
@@ -60,3 +62,44 @@ def test_versions_parse_with_packaging():
     crude = re.compile(r"""version\(["']sglang["']\)\.split""")
     offenders = [p.name for p in (REPO / "tests").rglob("*.py") if crude.search(p.read_text())]
     assert not offenders, f"parse sglang's version with helpers.sglang_release(): {offenders}"
+
+
+def test_the_wheel_installs_hooks_inside_the_package_and_the_start_up_hook_at_the_root():
+    from importlib.metadata import entry_points
+
+    from sglang_swa_plugin.core import BUILTIN_MODULES
+
+    files = {str(f) for f in distribution("sglang-swa-plugin").files or ()}
+    for module in BUILTIN_MODULES:
+        assert module.replace(".", "/") + ".py" in files, module
+    assert not [f for f in files if f.startswith("hooks/")], sorted(files)
+    assert "sglang_swa_plugin_autoload.pth" in files and "sglang_swa_plugin/autoload.pth" not in files, sorted(files)
+    plugins = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
+    assert plugins.get("swa_plugin") == "sglang_swa_plugin:register", plugins
+    scripts = {ep.name: ep.value for ep in entry_points(group="console_scripts")}
+    assert scripts.get("sglang-swa-plugin") == "sglang_swa_plugin.cli:main", scripts
+
+
+def test_an_editable_install_maps_hooks_and_installs_the_start_up_hook(tmp_path):
+    """``pip install -e .`` (here through uv, as the nox sessions install): the source tree's
+    ``hooks/`` is ``sglang_swa_plugin.hooks``, no top-level ``hooks`` exists, and the start-up
+    hook is installed as by a wheel."""
+    uv = shutil.which("uv")
+    if uv is None:
+        pytest.skip("uv is not on PATH")
+    venv = tmp_path / "venv"
+    subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    subprocess.run([uv, "pip", "install", "-q", "--python", str(python), "--no-deps", "-e", str(REPO)],
+                   check=True, timeout=600, cwd=str(tmp_path))
+    code = """
+import importlib.util, json, sglang_swa_plugin
+spec = importlib.util.find_spec("sglang_swa_plugin.hooks.trtllm_swa_pool")
+print(json.dumps([spec.origin, importlib.util.find_spec("hooks") is None]))
+"""
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
+                         env={"PATH": os.environ["PATH"]})
+    origin, no_top_level_hooks = json.loads(out.stdout.strip().splitlines()[-1])
+    assert origin == str(REPO / "hooks" / "trtllm_swa_pool.py") and no_top_level_hooks, out.stdout + out.stderr
+    (pth,) = venv.glob("lib/python*/site-packages/sglang_swa_plugin_autoload.pth")
+    assert pth.read_text().strip() == "import sglang_swa_plugin._autoload"

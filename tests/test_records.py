@@ -1,7 +1,8 @@
 """The records stay true. Each module record's "Affected versions" ends with one line,
 ``Status by release: <status> 0.5.a-0.5.b; <status> 0.5.c+``: the single source of the
 per-release table. README's "What it fixes" release columns are that line rendered (checked
-cell by cell; ``python tests/test_records.py`` prints the rendered cells), each matrix env
+cell by cell; ``python tests/test_records.py`` prints the rendered cells), its upstream
+column is each fix's ``upstream_prs`` (each of which its record names), each matrix env
 checks that the fix's detection on its real code gives the record's status, the prose of the
 record agrees (no release, or the releases it names), the table lists exactly the built-in
 fixes, and no module record cites sglang line numbers (they move with every commit; records
@@ -114,6 +115,34 @@ def test_record_prose_agrees_with_its_status_line(module):
     assert applied <= named_releases(record), (applied, record)
 
 
+def upstream_cell(module) -> str:
+    """README's upstream cell of ``module``'s row: the fix's ``upstream_prs``, as listed."""
+    return ", ".join(importlib.import_module(module).FIX.upstream_prs) or "–"
+
+
+@pytest.mark.parametrize("module", BUILTIN_MODULES)
+def test_readme_upstream_column_is_the_fix_record(module):
+    row = fixes_table()[module.rsplit(".", 1)[1]]
+    assert row["upstream"] == upstream_cell(module), (row["upstream"], upstream_cell(module))
+
+
+@pytest.mark.parametrize("module", BUILTIN_MODULES)
+def test_every_upstream_pr_of_a_fix_is_in_its_record(module):
+    mod = importlib.import_module(module)
+    section = mod.__doc__.split("\nUpstream PRs\n", 1)[1].split("\nAffected versions\n", 1)[0]
+    for pr in mod.FIX.upstream_prs:
+        assert set(re.findall(r"#(\d+)", pr)) <= set(re.findall(r"#(\d+)", section)), (pr, section)
+
+
+def test_the_coverage_table_names_every_builtin_fix():
+    """README's "What it covers" (model families x backend x speculative mode): its last
+    column names fixes; together they are the built-in fixes."""
+    section = README.read_text().split("## What it covers", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|") and not line.startswith("|---")][1:]
+    named = {n for line in rows for n in re.findall(r"`(\w+)`", line.strip().strip("|").split("|")[-1])}
+    assert named == {m.rsplit(".", 1)[1] for m in BUILTIN_MODULES}, named
+
+
 def test_records_cite_no_line_numbers():
     hooks = Path(importlib.import_module("sglang_swa_plugin.hooks").__file__).parent
     pattern = r"\bL\d+(?:-L?\d+)?\b|\blines? \d+|\.py:\d+|#L\d+"
@@ -122,6 +151,6 @@ def test_records_cite_no_line_numbers():
     assert not any(cited.values()), cited
 
 
-if __name__ == "__main__":  # print the release cells README's table must carry
+if __name__ == "__main__":  # print the upstream and release cells README's table must carry
     for mod in BUILTIN_MODULES:
-        print(mod.rsplit(".", 1)[1], "|", " | ".join(rendered_cells(mod).values()))
+        print(mod.rsplit(".", 1)[1], "|", upstream_cell(mod), "|", " | ".join(rendered_cells(mod).values()))

@@ -91,3 +91,88 @@ def test_parsing_falls_back_to_the_defaults():
     c = config.parse({config.FIXES: "trtllm_swa_pool,bogus"}).checked_against(BUILTIN_NAMES)
     assert c.include is None and not c.exclude and len(c.errors) == 1 and "'bogus'" in c.errors[0]
     assert all(c.selected(n) for n in BUILTIN_NAMES)
+
+
+def test_all_with_exclusions_is_every_fix_but_those():
+    for raw in ("all,-trtllm_swa_pool", "ALL, -Trtllm_Swa_Pool", "-trtllm_swa_pool"):
+        c = config.parse({config.FIXES: raw}).checked_against(BUILTIN_NAMES)
+        assert not c.errors and c.include is None and c.exclude == {"trtllm_swa_pool"}, (raw, c)
+        assert [n for n in BUILTIN_NAMES if not c.selected(n)] == ["trtllm_swa_pool"], raw
+    c = config.parse({config.FIXES: "all,trtllm_swa_pool"}).checked_against(BUILTIN_NAMES)
+    assert not c.errors and all(c.selected(n) for n in BUILTIN_NAMES)
+    c = config.parse({config.FIXES: "all,-bogus"}).checked_against(BUILTIN_NAMES)
+    assert len(c.errors) == 1 and "'bogus'" in c.errors[0] and "'all'" not in c.errors[0], c.errors
+
+
+def test_a_malformed_strict_value_reads_as_on_in_one_coherent_message():
+    c = config.parse({config.STRICT: "maybe"})
+    assert c.strict and len(c.errors) == 1
+    msg = c.errors[0]
+    assert "SGLANG_SWA_PLUGIN_STRICT='maybe' is not a boolean" in msg, msg
+    assert "using on (a malformed SGLANG_SWA_PLUGIN_STRICT counts as on)" in msg, msg
+    assert "safe reading" not in msg and "using the default" not in msg, msg
+
+
+def test_with_the_plugin_off_fix_names_are_not_checked():
+    c = config.parse({config.ENABLE: "0", config.FIXES: "bogus"}).checked_against(BUILTIN_NAMES)
+    assert not c.enabled and not c.errors
+
+
+def test_the_start_up_hook_has_no_settings_parser_of_its_own():
+    """``_autoload`` asks ``config`` (no list of false values of its own)."""
+    import ast
+    import inspect
+
+    from sglang_swa_plugin import _autoload
+
+    tree = ast.parse(inspect.getsource(_autoload))
+    words = {n.value.lower() for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert not words & {"0", "false", "off", "no", config.ENABLE.lower()}, words
+    calls = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    assert "config.get" in calls, calls
+
+
+def _environment_variables_read() -> set:
+    """Every environment variable the plugin's code reads by name (``os.environ.get(X)``,
+    ``os.environ[X]``, ``os.getenv(X)``), X a literal or a module constant."""
+    import ast
+    from pathlib import Path
+
+    import sglang_swa_plugin
+
+    found = set()
+    for path in sorted(Path(sglang_swa_plugin.__file__).parent.rglob("*.py")):  # hooks/ included
+        tree = ast.parse(path.read_text())
+        consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+                  for t in n.targets if isinstance(t, ast.Name)}
+
+        def value(node):
+            if isinstance(node, ast.Constant):
+                return node.value
+            if isinstance(node, ast.Name):
+                return consts.get(node.id)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "_config":
+                return getattr(config, node.attr, None)
+            return None
+
+        for n in ast.walk(tree):
+            key = None
+            if isinstance(n, ast.Call) and n.args and ast.unparse(n.func) in ("os.environ.get", "os.getenv", "environ.get"):
+                key = value(n.args[0])
+            elif isinstance(n, ast.Subscript) and ast.unparse(n.value) in ("os.environ", "environ") \
+                    and isinstance(n.ctx, ast.Load):
+                key = value(n.slice)
+            if isinstance(key, str):
+                found.add(key)
+    return found
+
+
+def test_every_environment_variable_the_code_reads_is_documented():
+    from helpers import HERE
+
+    read = _environment_variables_read()
+    assert {config.SGLANG_PLUGINS, config.FI_TORCH_MASK} <= read, read  # the scan sees the code
+    readme = (HERE.parent / "README.md").read_text()
+    for var in read | set(config.ALL_VARS):
+        assert var in config.__doc__, var
+        assert f"`{var}`" in readme, var

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Optional
 
 from .. import config as _config
-from ..core import load_fixes, safe_detect, temporarily_installed
-from ..doctor import _sglang_version
+from ..core import DISABLED, load_fixes, safe_detect, temporarily_installed
+from ..doctor import NOT_LOADED, _sglang_importable, _sglang_version, fix_records, import_hint, settings, setting_problems
 from ..fix import Fix, ScenarioUnavailable, Verdict
 
 
@@ -26,29 +26,34 @@ class Outcome(NamedTuple):
     seen: Any = None
 
 
-def _off_reason(fix: Fix, cfg: _config.Config) -> Optional[str]:
-    """Why the plugin, as configured here, would not install ``fix`` (None: it would)."""
-    if not cfg.enabled:
-        return f"plugin off ({_config.ENABLE}={cfg.raw.get(_config.ENABLE)})"
-    if fix.opt_in and not getattr(cfg, fix.opt_in, False):
-        return f"opt-in, off: {_config.opt_in_variable(fix.opt_in)}=1 turns it on"
-    if not cfg.selected(fix.name):
-        return f"not selected by {_config.FIXES}={cfg.raw.get(_config.FIXES)}"
-    return None
+def _off_reason(fix: Fix, record: dict, cfg: _config.Config) -> Optional[str]:
+    """Why the plugin, as configured here, would not install ``fix`` (None: it would): the
+    reason of its record, as ``doctor`` shows it (``disabled`` or ``not loaded``)."""
+    if record["status"] == NOT_LOADED:
+        return record["reason"]
+    if record["status"] != DISABLED:
+        return None
+    off = f"disabled: {record['reason']}"
+    if fix.opt_in and cfg.enabled and cfg.selected(fix.name):
+        off += f"; {_config.opt_in_variable(fix.opt_in)}=1 turns it on"
+    return off
 
 
-def check_row(fix: Fix, cfg: _config.Config) -> dict:
+def check_row(fix: Fix, record: dict, cfg: _config.Config) -> dict:
     """``reproduced_without``: the bug shows on stock sglang. ``fixed_with``: with the plugin as
     configured here the scenario is correct (None where the plugin installs nothing for this
-    fix: not needed, or off). ``fixed_if_on``: the same with the fix turned on (off fixes)."""
+    fix: not needed, or off). ``fixed_if_on``: the same with the fix turned on (off fixes).
+    ``record``: what ``register()`` would do with the fix here (``doctor``'s row); ``cfg``:
+    the settings it was decided with."""
     det = safe_detect(fix)
-    off = _off_reason(fix, cfg)
-    row = {"fix": fix.name, "detection": det.verdict.value, "scenario": fix.scenario_description(),
-           "reproduced_without": None, "fixed_with": None, "fixed_if_on": None, "note": ""}
-    if off and fix.opt_in:
+    off = _off_reason(fix, record, cfg)
+    row = {"fix": fix.name, "status": record["status"], "reason": record["reason"], "detection": det.verdict.value,
+           "scenario": fix.scenario_description(), "reproduced_without": None, "fixed_with": None,
+           "fixed_if_on": None, "note": off or ""}
+    if fix.opt_in and DISABLED in (record["status"], record.get("if_loaded")):
         row["detection"] = "opt-in, off"
     if not fix.has_scenario():
-        row["note"] = "no CPU scenario for this fix yet"
+        row["note"] = "; ".join(filter(None, (off, "no CPU scenario for this fix yet")))
         return row
     try:
         bug = row["reproduced_without"] = bool(fix.reproduce())
@@ -56,14 +61,13 @@ def check_row(fix: Fix, cfg: _config.Config) -> dict:
             with temporarily_installed(fix):
                 corrected = not fix.reproduce()
             row["fixed_if_on" if off else "fixed_with"] = corrected
-            row["note"] = off or ""
         elif bug:  # detection says nothing to do, yet the bug shows: the plugin leaves it
             row["fixed_with"] = False
             row["note"] = f"detection says {det.verdict.value} ({det.reason}), but the bug reproduces"
-        else:
+        elif not off:
             row["note"] = f"{det.verdict.value}: {det.reason}"
     except ScenarioUnavailable as e:
-        row["note"] = f"scenario unavailable: {e}"
+        row["note"] = "; ".join(filter(None, (off, f"scenario unavailable: {e}")))
     except Exception as e:  # noqa: BLE001
         row["note"] = f"scenario failed: {type(e).__name__}: {e}"
         row["fixed_with"] = False
@@ -71,10 +75,23 @@ def check_row(fix: Fix, cfg: _config.Config) -> dict:
 
 
 def check_report() -> dict:
-    cfg = _config.parse()
-    rows = [check_row(fix, cfg) for fix, _source in load_fixes()]
-    ok = all(r["fixed_with"] is not False and r["fixed_if_on"] is not False for r in rows)
-    return {"sglang_version": _sglang_version(), "rows": rows, "ok": ok}
+    """Per fix its scenario without and with the plugin; ``problems``: what keeps the plugin
+    from protecting this environment as configured, exactly as ``doctor`` finds it (sglang
+    cannot be imported, the plugin will not load or is off, a bad setting)."""
+    import_error = _sglang_importable()
+    if import_error:  # no scenario can run: one line, not one error per fix
+        return {"sglang_version": _sglang_version(), "config": None, "rows": [], "ok": False,
+                "problems": [import_error], "hint": import_hint(import_error)}
+    fixes = load_fixes()
+    cfg = settings(fixes)
+    records, env = fix_records(fixes, cfg)
+    by_name = {r["name"]: r for r in records}
+    rows = [check_row(fix, by_name[fix.name], cfg) for fix, _source in fixes]
+    problems = setting_problems(cfg, env)
+    if not all(r["fixed_with"] is not False and r["fixed_if_on"] is not False for r in rows):
+        problems.append("a fix did not correct its scenario")
+    return {"sglang_version": _sglang_version(), "config": cfg.as_dict(), "rows": rows, "ok": not problems,
+            "problems": problems, "hint": None}
 
 
 def _yn(v) -> str:
@@ -88,7 +105,12 @@ def _with_plugin(r: dict) -> str:
 
 
 def print_check(rep: dict) -> None:
+    if rep["config"] is None:  # sglang cannot be imported: nothing else to say
+        print("PROBLEM: " + "; ".join(rep["problems"]) + (f" ({rep['hint']})" if rep["hint"] else ""))
+        return
     print(f"sglang {rep['sglang_version']}: CPU reproductions on the installed sglang's real classes")
+    for err in rep["config"]["errors"]:
+        print(f"BAD SETTING: {err}")
     hdr = ("fix", "detection", "bug without plugin", "fixed with plugin", "note")
     rows = [(r["fix"], r["detection"], _yn(r["reproduced_without"]), _with_plugin(r), r["note"]) for r in rep["rows"]]
     widths = [max(len(str(x[i])) for x in rows + [hdr]) for i in range(4)]
@@ -105,4 +127,4 @@ def print_check(rep: dict) -> None:
         print("(no fixes registered)")
     elif not any(r["reproduced_without"] is not None for r in rep["rows"]):
         print("No CPU scenario exists yet for the registered fixes.")
-    print("OK" if rep["ok"] else "PROBLEM: a fix did not correct its scenario")
+    print("OK" if rep["ok"] else "PROBLEM: " + "; ".join(rep["problems"]))

@@ -58,8 +58,9 @@ def tarball(snapshot: str, folder: str = FOLDER) -> str:
 
 def how_to_make(folder: str = FOLDER) -> str:
     """The one command that makes the snapshots, for messages."""
-    return (f"make them from a full sglang clone (git clone {SGLANG_REPO} sglang): "
-            f"python tests/main_window.py make sglang {folder}  (or set SGLANG_MAIN_WINDOW to where they are)")
+    return (f"make them from a full sglang clone: git clone {SGLANG_REPO} /tmp/sglang && "
+            f"python tests/main_window.py make /tmp/sglang {folder}  (or set SGLANG_MAIN_WINDOW to the folder "
+            "that holds them)")
 
 
 def make(clone: str, folder: str = FOLDER, snapshots: dict = SNAPSHOTS) -> list:

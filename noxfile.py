@@ -1,10 +1,13 @@
 """Test matrix: one session per sglang release, each a fresh env with that release's REAL
 wheel (installed --no-deps) plus only what its imports need on a CPU-only machine.
 
-    nox -t ci                # the CI selection (where fix statuses flip, and the latest)
-    nox -s "tests(0.5.12)"   # one version
+    nox                      # the default: statuses (every release's fix statuses, minutes)
+    nox -l                   # every session; '*' marks the default ones
+    nox -t ci                # the CI selection: statuses, full tests where a status changes, mainwindow
+    nox -s statuses          # the 14 releases' fix statuses against the records, one env
+    nox -s "tests(0.5.12)"   # one version's full tests
     nox -s demo              # build a 0.5.11 env and show doctor + check in it
-    nox -s mainwindow        # the fixes' tests on four sglang main commits (S1-S4; in ci)
+    nox -s mainwindow        # doctor and the fixes' tests on four sglang main commits (S1-S4)
 
 nox runs under any Python; the sessions need a Python 3.11 interpreter on PATH.
 """
@@ -19,16 +22,20 @@ import sys
 import nox
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests"))
-from main_window import SNAPSHOTS  # noqa: E402
+import main_window  # noqa: E402
 
 nox.options.default_venv_backend = "uv"
 nox.options.error_on_missing_interpreters = True
+# A bare `nox`: one session of minutes, not the whole matrix (hours).
+nox.options.sessions = ["statuses"]
 
 VERSIONS = [f"0.5.{n}" for n in range(10, 24)]
-CI_VERSIONS = {"0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.23"}
+# The releases `nox -t ci` runs the full tests on: the first, and each where some fix's status
+# differs from the release before it (the records' "Status by release" lines). The statuses
+# session fails where this set is not exactly those releases, or where a release's detection
+# is not its record, so a release outside it classifies as the records say.
+CI_VERSIONS = {"0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.22", "0.5.23"}
 DEMO_VERSION = "0.5.11"
-# Upstream main commits that carry buggy forms no release shipped (tests/main_window.py).
-MAIN_WINDOW = os.environ.get("SGLANG_MAIN_WINDOW", os.path.join("..", "shared", "main-window"))
 FIX_TESTS = [os.path.join("tests", f"test_{name}.py") for name in (
     "trtllm_swa_pool", "trtllm_extend_routing", "frozen_kv_views", "fa3_spec_translate", "trtllm_xqa_spec_decode")]
 # What mainwindow runs: the fixes' tests, and the check that each snapshot still carries,
@@ -47,8 +54,9 @@ BASE = [
     "apache-tvm-ffi", "nvidia-ml-py", "tabulate", "click",
     "pytest",
 ]
-# Pins taken from the installed sglang's own metadata.
-PINNED = ("transformers", "openai", "apache-tvm-ffi")
+# Pins taken from the installed sglang's own metadata (0.5.16-0.5.20 import xgrammar at
+# module level).
+PINNED = ("transformers", "openai", "apache-tvm-ffi", "xgrammar")
 TEST_ENV = {
     "PYTHONPATH": SHIMS,
     "HF_HUB_OFFLINE": "1",
@@ -81,22 +89,55 @@ def _pins(session: nox.Session) -> list[str]:
     return out.split()
 
 
-def install_sglang(session: nox.Session, version: str) -> None:
-    env = {"UV_COMPILE_BYTECODE": "1"}
+def install_sglang(session: nox.Session, version: str, swap: bool = False) -> None:
+    """An env of sglang ``version`` for a CPU machine. ``swap``: the env holds another release
+    already (statuses); its sglang and that release's pins are replaced, the rest stays, and
+    nothing is byte-compiled: uv compiles the whole env at every install (about 10 s on 2 cores)
+    and one detection process imports only part of sglang (12 s without bytecode, 11 s with)."""
+    env = {} if swap else {"UV_COMPILE_BYTECODE": "1"}
+    session.log(f"sglang {version}: the release's own wheel, without its dependencies (the CUDA ones "
+                "do not install on a CPU machine)")
     session.install("--no-deps", f"sglang=={version}", env=env)
     pins = _pins(session)
     flashinfer = [p for p in pins if p.lower().replace("_", "-").startswith("flashinfer-python")]
     others = [p for p in pins if p not in flashinfer]
-    session.install(_torch(), *BASE, *others, env=env)
+    if swap:
+        session.log(f"sglang {version}'s pins: {' '.join(others)}")
+        session.install(*others, env=env)
+    else:
+        session.log(f"what sglang {version}'s modules import on a CPU machine: CPU torch 2.13.0, torchvision, "
+                    f"triton and {len(BASE) - 3} small packages, and the release's pins {' '.join(others)} "
+                    "(about 2 GB; 1-3 min with an empty package cache)")
+        session.install(_torch(), *BASE, *others, env=env)
+    session.log(f"{' '.join(flashinfer) or 'flashinfer-python'} without its dependencies (CUDA extras, of no "
+                "use here; sglang's modules import it)")
     session.install("--no-deps", *(flashinfer or ["flashinfer-python"]), env=env)
-    # The plugin itself, as users get it (a built wheel, not the source tree).
-    session.install("--no-deps", "--reinstall", ".", env=env)
-    session.install("pluggy", env=env)
+    if not swap:
+        session.log("the plugin, built as a wheel from this tree (what users install), and pluggy")
+        session.install("--no-deps", "--reinstall", ".", env=env)
+        session.install("pluggy", env=env)
+
+
+@nox.session(python="3.11", tags=["ci"])
+def statuses(session: nox.Session) -> None:
+    """Every release's fix statuses against the records (README's release columns), in one
+    env whose sglang is swapped release by release: no full tests. Fails where a fix's
+    detection on a release is not its record's status, or where CI_VERSIONS is not exactly
+    the releases at which some status changes (those get the full tests in ``nox -t ci``)."""
+    out = os.path.join(session.create_tmp(), "statuses.jsonl")
+    if os.path.exists(out):
+        os.remove(out)
+    script = os.path.join("tests", "release_statuses.py")
+    for i, version in enumerate(VERSIONS):
+        install_sglang(session, version, swap=i > 0)
+        session.run("python", script, "detect", out, env=TEST_ENV)
+    session.run("python", script, "compare", out, ",".join(sorted(CI_VERSIONS, key=VERSIONS.index)), env=TEST_ENV)
 
 
 @nox.session(python="3.11")
 @nox.parametrize("sglang", [nox.param(v, id=v, tags=["ci"] if v in CI_VERSIONS else []) for v in VERSIONS])
 def tests(session: nox.Session, sglang: str) -> None:
+    """The full tests on one release (3.5-8 min on 2 cores; ``-- tests/test_x.py`` for one file)."""
     install_sglang(session, sglang)
     session.run("pytest", "-m", "not gpu", *session.posargs, env=TEST_ENV)
 
@@ -104,17 +145,23 @@ def tests(session: nox.Session, sglang: str) -> None:
 @nox.session(python="3.11")
 # In CI: the four together took 6m39s on 2 shared cores (warm package cache); their pytest
 # runs (MAIN_WINDOW_TESTS) take 44-77 s each on 2 busy shared cores (S1 58, S2 77, S3 44,
-# S4 62 s). Without the snapshots' folder each one skips.
-@nox.parametrize("snapshot", [nox.param(s, id=s, tags=["ci"]) for s in SNAPSHOTS])
+# S4 62 s). Without the snapshots' folder each one fails in CI (CI=true) and is skipped
+# elsewhere, saying how to make them.
+@nox.parametrize("snapshot", [nox.param(s, id=s, tags=["ci"]) for s in main_window.SNAPSHOTS])
 def mainwindow(session: nox.Session, snapshot: str) -> None:
-    """The fixes' tests on an upstream main commit: the nearest release's env with its
-    ``sglang`` package replaced by the commit's (version ``0.0.0.dev0+g<commit>``)."""
-    commit, release, _ = SNAPSHOTS[snapshot]
-    tarball = os.path.join(MAIN_WINDOW, f"sglang-main-{snapshot}-{commit[:10]}.tar.xz")
+    """doctor and the fixes' tests on an upstream main commit: the nearest release's env with
+    its ``sglang`` package replaced by the commit's (version ``0.0.0.dev0+g<commit>``)."""
+    commit, release, _ = main_window.SNAPSHOTS[snapshot]
+    tarball = main_window.tarball(snapshot)
     if not os.path.exists(tarball):
-        session.skip(f"no {tarball} (set SGLANG_MAIN_WINDOW to the snapshots' folder)")
+        why = f"NOT RUN: no snapshot {tarball}; {main_window.how_to_make()}"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            session.error(why)  # CI has ../shared beside the clone: a missing snapshot is a failure
+        session.skip(why)
     install_sglang(session, release)
-    session.run("python", os.path.join("tests", "main_window.py"), tarball, commit)
+    session.log(f"sglang {release}'s package replaced by main commit {commit} ({tarball})")
+    session.run("python", os.path.join("tests", "main_window.py"), "install", tarball, commit)
+    session.run("sglang-swa-plugin", "doctor", env=TEST_ENV)  # exit 1 on a fix it cannot decide
     session.run("pytest", "-m", "not gpu", *(session.posargs or MAIN_WINDOW_TESTS),
                 env={**TEST_ENV, "SGLANG_SWA_EXPECTED_SNAPSHOT": snapshot})
 

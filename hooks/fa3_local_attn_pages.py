@@ -133,13 +133,16 @@ def _replay_with_page_ids(original, self, metadata, bs, *args, **kwargs):
 
 def _probe_pool():
     """A real ``SWAKVPool`` object carrying only its full->SWA token mapping (no buffers):
-    full pages 5, 6, 7 hold the SWA pages 1, 2, 3."""
+    full pages 5, 6, 7 hold the SWA pages 1, 2, 3. The mapping is handed over with the pool's
+    own ``register_mapping``, as sglang's allocator does: where the pool keeps state that
+    goes with the mapping (upstream main in June 2026 caches the last translation, reset
+    there), that state is set up too."""
     import torch
     pool = object.__new__(swa_pool_class())
     mapping = torch.zeros(_PS * 16 + 1, dtype=torch.int64)
     for f, s in zip(_FULL_PAGES, _SWA_PAGES):
         mapping[f * _PS:(f + 1) * _PS] = torch.arange(s * _PS, (s + 1) * _PS)
-    pool.full_to_swa_index_mapping = mapping
+    pool.register_mapping(mapping)
     return pool
 
 

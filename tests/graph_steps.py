@@ -16,6 +16,15 @@ def graph_api(backend) -> str:
     return "out_graph" if hasattr(backend, "init_forward_metadata_out_graph") else "capture_replay"
 
 
+def in_graph(backend, batch) -> None:
+    """0.5.15+: the metadata update sglang's graph runner runs inside the captured pass, before
+    the layers (``init_forward_metadata_in_graph``: seq_lens and page tables from the static
+    buffers); nothing on releases without it."""
+    update = getattr(backend, "init_forward_metadata_in_graph", None)
+    if update is not None:
+        update(batch)
+
+
 def prepare_capture(backend, batch, q_len: int) -> None:
     bs = batch.batch_size
     backend.init_cuda_graph_state(bs, bs * q_len)

@@ -5,19 +5,25 @@ In ``mainwindow(Sn)`` nox names the snapshot it installed (``SGLANG_SWA_EXPECTED
 the installed sglang must be that commit (else every snapshot test would skip unseen), each
 bug that ``SNAPSHOTS`` says the commit carries must be detected as needed, shown by the fix's
 scenario on real pools and backends without the fix and corrected with it, and the fixes it
-does not list must not be needed there (the list is complete). Everywhere: every fix whose
-buggy form no release of the matrix shipped is carried by some snapshot."""
+does not list must not be needed there (the list is complete), and every fix's detection
+gives a decided status there (what ``doctor`` exits 1 on otherwise). Everywhere: every fix
+whose buggy form no release of the matrix shipped is carried by some snapshot, and
+``main_window.make`` writes a snapshot that ``main_window.install`` reads."""
 
 from __future__ import annotations
 
+import importlib
 import os
+import subprocess
+import tarfile
 
 import pytest
 
+import main_window
 from helpers import main_window_snapshot
 from main_window import SNAPSHOTS
 
-from sglang_swa_plugin.core import find_fix, temporarily_installed
+from sglang_swa_plugin.core import BUILTIN_MODULES, find_fix, safe_detect, temporarily_installed
 from sglang_swa_plugin.fix import Verdict
 from sglang_swa_plugin.patching import target_marked_by
 
@@ -28,6 +34,13 @@ SNAPSHOT = main_window_snapshot()
 SNAPSHOT_FIXES = ("trtllm_swa_pool", "frozen_kv_views", "trtllm_extend_routing", "fa3_spec_translate")
 # No release shipped these buggy forms: only the snapshots carry them.
 MAIN_ONLY = {"frozen_kv_views": "#25103", "trtllm_extend_routing": "#24566", "trtllm_swa_pool": ("#25103", "#26966")}
+# Read from each snapshot's source (all four: May-June 2026 main, before #32902/#38187 and
+# #29858/#24481/#22679): FA3's eager local block table holds token slots and its CUDA-graph
+# replay pushes page ids through the token-slot mapping; Triton builds no window rail for
+# draft extend or the multi-step draft decode. S2 and S4 cache the pool's last full->SWA
+# translation (state reset by ``register_mapping``), which the page probe once missed.
+DECIDED = {"fa3_local_attn_pages": Verdict.NEEDED, "triton_swa_draft": Verdict.NEEDED}
+OPT_IN = {"swa_index_guard"}
 on_snapshot = pytest.mark.skipif(SNAPSHOT is None, reason="not an upstream main commit (nox -s mainwindow: S1-S4)")
 
 
@@ -62,3 +75,41 @@ def test_each_listed_bug_is_needed_shown_and_corrected(name):
     assert fix.reproduce() is True, f"{name}'s scenario does not show {form} on stock {SNAPSHOT}"
     with temporarily_installed(fix):
         assert fix.reproduce() is False, f"{name} does not correct {form} on {SNAPSHOT}"
+
+
+@on_snapshot
+@pytest.mark.parametrize("module", [m for m in BUILTIN_MODULES if m.rsplit(".", 1)[1] not in OPT_IN])
+def test_every_fix_is_decided_on_the_snapshot(module):
+    fix = importlib.import_module(module).FIX
+    det = safe_detect(fix)
+    assert det.verdict is not Verdict.UNKNOWN, f"{fix.name} undecided on {SNAPSHOT}: {det.reason}"
+    if fix.name in DECIDED:
+        assert det.verdict is DECIDED[fix.name], f"{fix.name} on {SNAPSHOT}: {det}"
+
+
+def _git(*args, cwd):
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
+                   capture_output=True)
+
+
+def test_make_writes_what_install_reads(tmp_path):
+    clone, folder = tmp_path / "sglang", tmp_path / "main-window"
+    (clone / "python" / "sglang" / "srt").mkdir(parents=True)
+    (clone / "python" / "sglang" / "srt" / "x.py").write_text("X = 1\n")
+    (clone / "README.md").write_text("not in a snapshot\n")
+    _git("init", "-q", ".", cwd=clone)
+    _git("add", ".", cwd=clone)
+    _git("commit", "-q", "-m", "c", cwd=clone)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
+    written = main_window.make(str(clone), str(folder), {"S9": (commit[:12], "0.5.12", {})})
+    assert [os.path.basename(p) for p in written] == [f"sglang-main-S9-{commit[:10]}.tar.xz"]
+    with tarfile.open(written[0]) as tar:
+        files = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    assert files == {"python/sglang/srt/x.py": b"X = 1\n"}
+    assert main_window.make(str(clone), str(folder), {"S9": (commit[:12], "0.5.12", {})}) == []  # kept
+
+
+def test_missing_snapshots_are_named_with_how_to_make_them(tmp_path):
+    absent = main_window.missing(str(tmp_path))
+    assert absent == [main_window.tarball(s, str(tmp_path)) for s in SNAPSHOTS]
+    assert "python tests/main_window.py make" in main_window.how_to_make(str(tmp_path))

@@ -42,13 +42,24 @@ def _nox_commands(text: str) -> list:
     return re.findall(r'nox -s "([^"]+)"', text)
 
 
-def test_readme_and_noxfile_name_sessions_that_exist():
+def _nox_sessions() -> dict:
+    """{session: whether a bare ``nox`` runs it} from ``nox --list`` ('*' marks those; the
+    JSON listing holds only them)."""
     nox = shutil.which("nox")
     if nox is None:
         pytest.skip("nox is not on PATH")
-    listed = subprocess.run([nox, "--list", "--json", "-f", str(REPO / "noxfile.py")], capture_output=True,
-                            text=True, timeout=120, cwd=str(REPO))
-    sessions = {s["session"] for s in json.loads(listed.stdout)} | {s["name"] for s in json.loads(listed.stdout)}
+    listed = subprocess.run([nox, "--list", "-f", str(REPO / "noxfile.py")], capture_output=True, text=True,
+                            timeout=120, cwd=str(REPO)).stdout
+    return {m.group(2): m.group(1) == "*" for m in re.finditer(r"(?m)^([*-]) (\S+)", listed)}
+
+
+def test_a_bare_nox_runs_one_session_of_minutes():
+    assert [name for name, default in _nox_sessions().items() if default] == ["statuses"]
+
+
+def test_readme_and_noxfile_name_sessions_that_exist():
+    listed = _nox_sessions()
+    sessions = set(listed) | {name.split("(")[0] for name in listed}
     named = [cmd for doc in ("README.md", "CONTRIBUTING.md", "noxfile.py") for cmd in _nox_commands((REPO / doc).read_text())]
     assert len(named) >= 3, named
     for name in named:

@@ -30,7 +30,7 @@ from sglang_swa_plugin.hooks import trtllm_xqa_spec_decode as xqa
 from sglang_swa_plugin.probe import optional_module, swapped, target_class
 
 from cpu_graph import CpuGraph
-from graph_steps import prepare_capture, prepare_replay
+from graph_steps import in_graph, prepare_capture, prepare_replay
 from helpers import without_fix
 
 Q = 3  # draft tokens per request
@@ -53,10 +53,14 @@ def _kernels(graph, calls):
         stack.enter_context(swapped(mod, "flashinfer", rec))
         if hasattr(mod, "build_trtllm_mha_page_table"):
             stack.enter_context(swapped(mod, "build_trtllm_mha_page_table", kernels.page_table_on_cpu))
+        if hasattr(mod, "update_trtllm_mha_graph_metadata"):  # 0.5.15+: a kernel inside the captured pass
+            stack.enter_context(swapped(mod, "update_trtllm_mha_graph_metadata",
+                                        graph.kernel(kernels.graph_metadata_on_cpu)))
         yield
 
 
 def _forward(backend, batch, layers, q):
+    in_graph(backend, batch)
     for layer in layers:
         backend.forward_extend(q, None, None, layer, batch, save_kv_cache=False)
 

@@ -456,7 +456,19 @@ def make_model_runner(
         draft_attention_backend=attention_backend if is_draft_worker else None,
     )
     runner.kv_index_translator = _make_kv_index_translator(runner)
+    ps = _parallel_state()
+    if ps is not None:  # 0.5.16+: backends read the ranks and sizes from ``model_runner.ps``
+        runner.ps = ps
     return runner
+
+
+def _parallel_state():
+    """sglang's ``ParallelState`` of a single rank where the release has one (else None)."""
+    try:
+        from sglang.srt.distributed.parallel_state_wrapper import ParallelState
+    except ImportError:
+        return None
+    return ParallelState.trivial()
 
 
 def _make_kv_index_translator(runner):

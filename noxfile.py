@@ -34,10 +34,11 @@ VERSIONS = [f"0.5.{n}" for n in range(10, 24)]
 # differs from the release before it (the records' "Status by release" lines). The statuses
 # session fails where this set is not exactly those releases, or where a release's detection
 # is not its record, so a release outside it classifies as the records say.
-CI_VERSIONS = {"0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.22", "0.5.23"}
+CI_VERSIONS = {"0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.16", "0.5.22", "0.5.23"}
 DEMO_VERSION = "0.5.11"
 FIX_TESTS = [os.path.join("tests", f"test_{name}.py") for name in (
-    "trtllm_swa_pool", "trtllm_extend_routing", "frozen_kv_views", "fa3_spec_translate", "trtllm_xqa_spec_decode")]
+    "trtllm_swa_pool", "trtllm_extend_routing", "frozen_kv_views", "fa3_spec_translate", "trtllm_xqa_spec_decode",
+    "trtllm_xqa_dense_query")]
 # What mainwindow runs: the fixes' tests, and the check that each snapshot still carries,
 # shows and gets corrected the bugs SNAPSHOTS lists for it.
 MAIN_WINDOW_TESTS = FIX_TESTS + [os.path.join("tests", "test_main_window.py")]

@@ -63,9 +63,9 @@ Affected versions
     0.5.10-0.5.20: TARGET_VERIFY through trtllm_mha on XQA (no mask). 0.5.14-0.5.21:
     DRAFT_EXTEND_V2 through it (FP8 query with an FP8 KV cache; no mask). 0.5.22+: mask and
     query dtype fixed, and their flashinfer (0.7.1, 0.7.2) computes the windowed multi-token
-    call exactly (measured); but 0.5.22/0.5.23 still hand XQA ``q.reshape(...)`` of the
-    model's strided q, which XQA misreads (measured at kernel level with flashinfer 0.7.2,
-    not yet on a 0.5.22+ server: an open lead, not covered by this fix).
+    call exactly (measured); from 0.5.19 ``forward_extend`` copies the query on XQA hardware
+    (``use_fmha_v2``, set from the same sm90/sm120 test as ``is_xqa_impl``), so the query is
+    dense there too (single-token XQA calls before that: trtllm_xqa_dense_query).
     Blackwell (sm100, trtllm-gen kernel) is not affected and the hook does nothing there.
     Status by release: applied 0.5.10-0.5.21; not needed 0.5.22+.
 
@@ -81,23 +81,20 @@ Detection
     and an FP8 KV dtype, kernels recorded).
 
 Delete when
-    0.5.22 (with a flashinfer that carries #4137) is the oldest supported sglang, and the
-    strided-query lead above is settled upstream.
+    0.5.22 (with a flashinfer that carries #4137) is the oldest supported sglang.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, hookimpl
 from sglang_swa_plugin.probe import callee, optional_module, own_function, swapped
 from sglang_swa_plugin.trtllm_mha import (CLASS, DECODE_KERNELS, FORWARD_EXTEND as TARGET, FORWARD_EXTEND_PARAMS,
-                                          MODULE, V2_TEST, Reading, backend_class, reading, routes_v2_to_decode,
-                                          syntax, v2_flags)
+                                          MODULE, V2_TEST, XQA_FLAG, ModuleView, Reading, backend_class, flashinfer_view,
+                                          reading, routes_v2_to_decode, syntax, v2_flags, with_decode_entry)
 
 TARGET_VERIFY_TEST = "is_target_verify"
-XQA_FLAG = "is_xqa_impl"
 
 
 # ---------------------------------------------------------------------------- the mask
@@ -188,18 +185,7 @@ class _XqaState:
         return rows.lens, rows.table
 
 
-class _Namespace:
-    """A view of a module: ``overrides`` first, everything else from the module."""
-
-    def __init__(self, module: Any, **overrides: Any) -> None:
-        self.__dict__.update(overrides)
-        self._module = module
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._module, name)
-
-
-def _masking_flashinfer(flashinfer: Any, state: _XqaState) -> _Namespace:
+def _masking_flashinfer(flashinfer: Any, state: _XqaState) -> ModuleView:
     """``flashinfer`` whose decode entry point makes a multi-token call one that XQA computes
     exactly:
     - a query the release made FP8 (0.5.10-0.5.13 cast it for every extend mode) is handed
@@ -232,8 +218,7 @@ def _masking_flashinfer(flashinfer: Any, state: _XqaState) -> _Namespace:
                 kwargs["mask"] = state.mask(q_len, kwargs["seq_lens"].shape[0], query.device)
         return decode(*args, **kwargs)
 
-    return _Namespace(flashinfer, decode=_Namespace(flashinfer.decode,
-                                                   trtllm_batch_decode_with_kv_cache=trtllm_batch_decode_with_kv_cache))
+    return with_decode_entry(flashinfer, trtllm_batch_decode_with_kv_cache)
 
 
 # ---------------------------------------------------------------------------- the fix
@@ -256,11 +241,8 @@ def _xqa_multi_token(v2_decode: bool) -> Callable:
         verify = mode.is_target_verify()
         if not getattr(self, XQA_FLAG, False) or not (verify or mode.is_draft_extend_v2()):
             return original(self, *args, **kwargs)
-        mod = sys.modules[MODULE]
-        view = self.__dict__.get("_swa_plugin_xqa_flashinfer")
-        if view is None or view._module is not mod.flashinfer:  # tests swap flashinfer for recorders
-            state = self.__dict__.setdefault("_swa_plugin_xqa_state", _XqaState())
-            view = self._swa_plugin_xqa_flashinfer = _masking_flashinfer(mod.flashinfer, state)
+        mod, view = flashinfer_view(self, "_swa_plugin_xqa_flashinfer", lambda fi: _masking_flashinfer(
+            fi, self.__dict__.setdefault("_swa_plugin_xqa_state", _XqaState())))
         q = args[0] if args else kwargs["q"]
         layer = args[3] if len(args) > 3 else kwargs["layer"]
         self._swa_plugin_xqa_state.layer_id = layer.layer_id

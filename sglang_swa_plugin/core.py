@@ -90,6 +90,7 @@ BUILTIN_MODULES = (
     "sglang_swa_plugin.hooks.frozen_kv_views",
     "sglang_swa_plugin.hooks.trtllm_extend_routing",
     "sglang_swa_plugin.hooks.trtllm_xqa_spec_decode",
+    "sglang_swa_plugin.hooks.trtllm_xqa_dense_query",
     "sglang_swa_plugin.hooks.fa3_local_attn_pages",
     "sglang_swa_plugin.hooks.fa3_local_attn_verify",
     "sglang_swa_plugin.hooks.fa3_local_attn_tree_verify",

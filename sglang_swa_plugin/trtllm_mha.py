@@ -1,12 +1,15 @@
-"""What the trtllm_mha fixes read of the installed ``TRTLLMHAAttnBackend``: its dotted names
-and the syntax-tree reading of ``forward_extend`` (which modes reach the decode kernel).
-Shared by ``trtllm_extend_routing`` and ``trtllm_xqa_spec_decode``; runtime only."""
+"""What the trtllm_mha fixes read of the installed ``TRTLLMHAAttnBackend``: its dotted names,
+the syntax-tree reading of ``forward_extend`` (which modes reach the decode kernel), and the
+module view through which a fix hands the backend's ``flashinfer`` calls something else.
+Shared by ``trtllm_extend_routing``, ``trtllm_xqa_spec_decode`` and ``trtllm_xqa_dense_query``;
+runtime only."""
 
 from __future__ import annotations
 
 import ast
 import functools
-from typing import Any, Iterable, Iterator, List, Optional
+import sys
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
 
 from .fix import TargetMissing
 from .probe import callee, function_tree, own_function, target_class
@@ -14,14 +17,45 @@ from .probe import callee, function_tree, own_function, target_class
 MODULE = "sglang.srt.layers.attention.trtllm_mha_backend"
 CLASS = MODULE + ".TRTLLMHAAttnBackend"
 FORWARD_EXTEND = CLASS + ".forward_extend"
+FORWARD_DECODE = CLASS + ".forward_decode"
 FORWARD_EXTEND_PARAMS = ("self", "q", "k", "v", "layer", "forward_batch")
+FORWARD_DECODE_PARAMS = FORWARD_EXTEND_PARAMS
 
 DECODE_KERNELS = frozenset({"trtllm_batch_decode_with_kv_cache", "_run_fixed_q_len_decode"})
 V2_TEST = "is_draft_extend_v2"
+XQA_FLAG = "is_xqa_impl"  # set by the backend's __init__ on sm90/sm120, where the decode kernel is XQA
 
 
 def backend_class() -> type:
     return target_class(CLASS)
+
+
+class ModuleView:
+    """A view of a module: ``overrides`` first, everything else from the module. The
+    trtllm_mha fixes put one in place of the backend module's ``flashinfer`` for a call."""
+
+    def __init__(self, module: Any, **overrides: Any) -> None:
+        self.__dict__.update(overrides)
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+
+def with_decode_entry(flashinfer: Any, decode: Any) -> ModuleView:
+    """``flashinfer`` whose ``decode.trtllm_batch_decode_with_kv_cache`` is ``decode``."""
+    return ModuleView(flashinfer, decode=ModuleView(flashinfer.decode, trtllm_batch_decode_with_kv_cache=decode))
+
+
+def flashinfer_view(backend: Any, slot: str, build: Callable[[Any], ModuleView]) -> Tuple[Any, ModuleView]:
+    """(the backend module, ``build(flashinfer)``): a view of the module's current
+    ``flashinfer``, kept on ``backend`` under ``slot`` and built again when that name holds
+    another object (another fix's view during its call, a test's kernel recorders)."""
+    mod = sys.modules[MODULE]
+    view = backend.__dict__.get(slot)
+    if view is None or view._module is not mod.flashinfer:
+        view = backend.__dict__[slot] = build(mod.flashinfer)
+    return mod, view
 
 
 def syntax(fn: Any) -> ast.FunctionDef:

@@ -973,6 +973,8 @@ def scenario_gptoss_exact(out, _target, _draft):
         rows[f"{b}_off"] = (exact_base(target) + BACKEND_ARGS[b], OFF)
         rows[f"{b}_eager_off"] = (eager(exact_base(target) + BACKEND_ARGS[b]), OFF)
         rows[f"{b}_small_on"] = (exact_base(target, 4096) + BACKEND_ARGS[b], ON)
+        for fix in filter(None, os.environ.get("WITHOUT_FIX", "").split(",")):  # the plugin less one fix
+            rows[f"{b}_on_without_{fix}"] = (exact_base(target) + BACKEND_ARGS[b], {**ON, "SGLANG_SWA_PLUGIN_FIXES": f"all,-{fix}"})
     return {"seeds": seeds, **against_reference("gptoss_exact", out, reqs, gt.hf_model, rows)}
 
 

@@ -16,7 +16,7 @@ from typing import List, Optional
 
 from . import __version__
 from . import config as _config
-from .core import PROBLEMS, broken_records, decide, load_fixes
+from .core import ERROR, PROBLEMS, UNKNOWN, broken_records, decide, load_fixes
 from .patching import DirectHooks
 
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
@@ -26,6 +26,7 @@ NOT_LOADED = "not loaded"  # every fix's status where sglang's processes will no
 # Import failures of sglang's CUDA-only stack on a machine without a GPU or CUDA runtime.
 _CUDA_ONLY = re.compile(r"torchvision::\w+ does not exist|libcudart|libcuda\b|libnvrtc|CUDA driver|NVIDIA driver|"
                         r"sgl_kernel|no CUDA|not compiled with CUDA")
+CUDA_ONLY_MODULES = ("torchvision", "flashinfer", "sgl_kernel")  # what sglang imports that needs CUDA binaries
 IMPORT_HINT = ("hint: a CUDA-only part of sglang's stack does not load on this machine (no GPU, or a CPU-only "
                "torch); on a CPU machine put tests/cpu_import_shims of the plugin's source tree on PYTHONPATH "
                "(it makes those binaries importable), or run this where the GPU stack is installed")
@@ -60,10 +61,34 @@ def _sglang_importable() -> Optional[str]:
     return None
 
 
-def import_hint(why: Optional[str]) -> Optional[str]:
-    """One line of advice where ``why`` (sglang cannot be imported) looks like a CUDA-only
-    binary failing on a CPU machine; else None."""
-    return IMPORT_HINT if why and _CUDA_ONLY.search(why) else None
+def _cuda_only_import_failure() -> Optional[str]:
+    """The first of sglang's usual CUDA-only dependencies that is installed and fails to
+    import here with a CUDA-only error (one line), else None."""
+    for name in CUDA_ONLY_MODULES:
+        try:
+            if importlib.util.find_spec(name) is not None:
+                importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001
+            why = f"{name}: {type(e).__name__}: {e}"
+            if _CUDA_ONLY.search(why):
+                return why
+    return None
+
+
+def import_hint(import_error: Optional[str], records: List[dict]) -> Optional[str]:
+    """One line of advice where sglang (``import_error``) or a fix's target (a record's
+    reason) cannot be imported because a CUDA-only binary fails on this machine; else None.
+    Where the failures do not say so themselves (transformers, for one, reports a failed
+    torchvision as "Could not import module 'AutoProcessor'"), the usual suspects are
+    imported to find out."""
+    failures = [import_error] if import_error else []
+    failures += [r["reason"] for r in records if r["status"] in (UNKNOWN, ERROR) and "cannot import" in r["reason"]]
+    if not failures:
+        return None
+    if any(_CUDA_ONLY.search(why) for why in failures):
+        return IMPORT_HINT
+    found = _cuda_only_import_failure()
+    return f"{IMPORT_HINT} (here: {found})" if found else None
 
 
 def load_problem(has_framework: Optional[bool], ours: list, allowed: str, import_error: Optional[str]) -> Optional[str]:
@@ -169,7 +194,7 @@ def doctor_report() -> dict:
     if not env["sglang_import_error"]:  # else every fix is unknown for that one reason
         problems += [f"fix {r['name']}: {r['status']}" for r in records if r["selected"] and r["status"] in PROBLEMS]
     return {**env, "config": cfg.as_dict(), "fixes": records, "ok": not problems, "problems": problems,
-            "hint": import_hint(env["sglang_import_error"])}
+            "hint": import_hint(env["sglang_import_error"], records)}
 
 
 def print_doctor(rep: dict) -> None:

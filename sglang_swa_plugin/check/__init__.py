@@ -81,7 +81,7 @@ def check_report() -> dict:
     import_error = _sglang_importable()
     if import_error:  # no scenario can run: one line, not one error per fix
         return {"sglang_version": _sglang_version(), "config": None, "rows": [], "ok": False,
-                "problems": [import_error], "hint": import_hint(import_error)}
+                "problems": [import_error], "hint": import_hint(import_error, [])}
     fixes = load_fixes()
     cfg = settings(fixes)
     records, env = fix_records(fixes, cfg)
@@ -91,7 +91,7 @@ def check_report() -> dict:
     if not all(r["fixed_with"] is not False and r["fixed_if_on"] is not False for r in rows):
         problems.append("a fix did not correct its scenario")
     return {"sglang_version": _sglang_version(), "config": cfg.as_dict(), "rows": rows, "ok": not problems,
-            "problems": problems, "hint": None}
+            "problems": problems, "hint": import_hint(None, records)}
 
 
 def _yn(v) -> str:
@@ -127,4 +127,6 @@ def print_check(rep: dict) -> None:
         print("(no fixes registered)")
     elif not any(r["reproduced_without"] is not None for r in rep["rows"]):
         print("No CPU scenario exists yet for the registered fixes.")
+    if rep["hint"]:
+        print(rep["hint"])
     print("OK" if rep["ok"] else "PROBLEM: " + "; ".join(rep["problems"]))

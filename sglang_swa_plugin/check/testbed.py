@@ -478,14 +478,16 @@ def _make_kv_index_translator(runner):
         from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
     except ImportError:
         return None
-    return KVIndexTranslator(
+    values = dict(
         req_to_token=runner.req_to_token_pool.req_to_token,
         token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
         token_to_kv_pool=runner.token_to_kv_pool,
         page_size=runner.page_size or 1,
         device=runner.device,
-        is_draft_worker=runner.is_draft_worker,
+        is_draft_worker=runner.is_draft_worker,  # 0.5.22+
     )
+    takes = inspect.signature(KVIndexTranslator).parameters
+    return KVIndexTranslator(**{name: value for name, value in values.items() if name in takes})
 
 
 # --------------------------------------------------------------------------- backends

@@ -975,7 +975,15 @@ def scenario_gptoss_exact(out, _target, _draft):
         rows[f"{b}_small_on"] = (exact_base(target, 4096) + BACKEND_ARGS[b], ON)
         for fix in filter(None, os.environ.get("WITHOUT_FIX", "").split(",")):  # the plugin less one fix
             rows[f"{b}_on_without_{fix}"] = (exact_base(target) + BACKEND_ARGS[b], {**ON, "SGLANG_SWA_PLUGIN_FIXES": f"all,-{fix}"})
+    if os.environ.get("TRITON_WINDOW_PROBE"):  # triton with one key more in its window buffers (test-side probe)
+        probe = {"PYTHONPATH": os.pathsep.join(filter(None, [TRITON_WINDOW_PROBE, os.environ.get("PYTHONPATH")]))}
+        rows["triton_window_plus1_on"] = (exact_base(target) + BACKEND_ARGS["triton"], {**ON, **probe})
+        rows["triton_window_plus1_eager_on"] = (eager(exact_base(target) + BACKEND_ARGS["triton"]), {**ON, **probe})
+        rows["triton_window_plus1_small_on"] = (exact_base(target, 4096) + BACKEND_ARGS["triton"], {**ON, **probe})
     return {"seeds": seeds, **against_reference("gptoss_exact", out, reqs, gt.hf_model, rows)}
+
+
+TRITON_WINDOW_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "triton_window_probe")
 
 
 def eagle3_real(draft: str, topk: int, steps: int, draft_tokens: int) -> list:

@@ -1,0 +1,72 @@
+"""Test-side probe for tests/gpu/e2e_server.py (scenario gptoss_exact, TRITON_WINDOW_PROBE=1),
+never installed: does triton give the model's tokens once its sliding-window KV buffer keeps
+one key more? In every process of a server that has this folder on PYTHONPATH, when sglang's
+triton backend module is imported, its two window-buffer builders get ``sliding_window_size
++ 1`` (decode kept ``min(seq_len, sliding_window_size)`` keys; the extend kernel's own mask,
+``q - k <= sliding_window_size``, is left as it is and masks the one extra prefix key), and the
+CUDA-graph window-index buffer is sized for the extra key per token."""
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+_NAME = "sglang.srt.layers.attention.triton_backend"
+
+
+def _patch(module):
+    for fn_name, pos in (("update_sliding_window_buffer", 2), ("update_sliding_window_buffer_cuda_graph", 3)):
+        original = getattr(module, fn_name, None)
+        if original is None:
+            continue
+
+        def wider(*args, _original=original, _pos=pos, **kwargs):
+            if "sliding_window_size" in kwargs:
+                kwargs["sliding_window_size"] = kwargs["sliding_window_size"] + 1
+            else:
+                args = list(args)
+                args[_pos] = args[_pos] + 1
+            return _original(*args, **kwargs)
+
+        setattr(module, fn_name, wider)
+    cls = module.TritonAttnBackend
+    init_state = cls.init_cuda_graph_state
+
+    def init_cuda_graph_state(self, *args, **kwargs):
+        out = init_state(self, *args, **kwargs)
+        buf, sws = getattr(self, "cuda_graph_window_kv_indices", None), getattr(self, "sliding_window_size", None)
+        if buf is not None and sws and sws > 0 and buf.numel() % sws == 0:
+            self.cuda_graph_window_kv_indices = buf.new_zeros(buf.numel() // sws * (sws + 1))
+        return out
+
+    cls.init_cuda_graph_state = init_cuda_graph_state
+    print("triton_window_probe: window buffers keep sliding_window_size + 1 keys", file=sys.stderr, flush=True)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != _NAME:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_patch(module):
+            exec_module(module)
+            _patch(module)
+
+        spec.loader.exec_module = exec_then_patch
+        return spec
+
+
+sys.meta_path.insert(0, _AfterImport())
+
+# this file shadows any other sitecustomize on the path: run the next one too
+_here = os.path.dirname(os.path.abspath(__file__))
+_next = importlib.machinery.PathFinder.find_spec(
+    "sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != _here])
+if _next is not None and _next.loader is not None:
+    _mod = importlib.util.module_from_spec(_next)
+    _next.loader.exec_module(_mod)

@@ -15,7 +15,6 @@ transformers' GPT-OSS keeps the keys at distance 0 .. window - 1 (window keys).
 
 from __future__ import annotations
 
-import json
 import os
 
 import readout
@@ -76,7 +75,7 @@ def save(root: str, seed: int = 27) -> str:
     return target
 
 
-def hf_model(window: int = WINDOW, seed: int = 27, dtype=None):
+def hf_model(window: int = WINDOW, dtype=None, seed: int = 27):
     """transformers' GptOssForCausalLM with the served (bf16-rounded) weights, float32 by
     default, eager attention (its sliding-window mask and sinks)."""
     import torch
@@ -89,35 +88,5 @@ def hf_model(window: int = WINDOW, seed: int = 27, dtype=None):
     return model.to(dtype or torch.float32)
 
 
-def check(seeds=(1, 2, 3), n: int = 32, length: int = 130, max_new: int = 64) -> dict:
-    """Per prompt seed: bf16 (transformers, same weights) equal to float32; smallest logit
-    margin; requests changed by a window of 15 and of 17; distinct outputs."""
-    import torch
-
-    ref32, bf16 = hf_model(), hf_model(dtype=torch.bfloat16)
-    near = {w: hf_model(w) for w in (WINDOW - 1, WINDOW + 1)}
-    out = {}
-    for s in seeds:
-        ps = prompts(n, length, s)
-        ref, margin = greedy(ref32, ps, max_new)
-        low, _ = greedy(bf16, ps, max_new)
-        row = {"bf16_equal": sum(a == b for a, b in zip(ref, low)), "min_margin": round(min(margin), 3),
-               "distinct": len({tuple(o) for o in ref})}
-        for w, m in near.items():
-            other, _ = greedy(m, ps, max_new)
-            row[f"changed_by_window_{w}"] = sum(a != b for a, b in zip(ref, other))
-        out[s] = row
-        print(f"seed {s}: {json.dumps(row)}", flush=True)
-    return out
-
-
 if __name__ == "__main__":
-    import argparse
-
-    import torch
-
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seeds", default=os.environ.get("PROMPT_SEEDS", "1,2,3"))
-    a = ap.parse_args()
-    torch.set_num_threads(int(os.environ.get("CHECK_THREADS", "6")))
-    check(tuple(int(x) for x in a.seeds.split(",")))
+    readout.main(hf_model, WINDOW, "window")

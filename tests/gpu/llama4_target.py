@@ -2,7 +2,7 @@
 its float32 reference from transformers' own Llama 4 (its chunked attention mask), and an
 EAGLE3 draft with real weights that the target accepts.
 
-    python tests/gpu/llama4_target.py [--seeds 1,2,3] [--chunk 32]   # checks of the target (CPU)
+    python tests/gpu/llama4_target.py [--seeds 1,2,3]   # checks of the target (CPU)
 
 Target (``Llama4ForConditionalGeneration``, text only; layers 0-2 chunked with RoPE, layer 3
 global NoPE, as sglang's Llama 4 fixes it). Every token belongs to one of 64 classes; its
@@ -151,7 +151,7 @@ def save(root: str, chunk: int = CHUNK, seed: int = 26) -> tuple:
     return target, draft
 
 
-def hf_model(chunk: int = CHUNK, seed: int = 26, dtype=None):
+def hf_model(chunk: int = CHUNK, dtype=None, seed: int = 26):
     """transformers' own Llama4ForCausalLM with the served (bf16-rounded) weights, in ``dtype``
     (float32 by default), eager attention (its chunked causal mask)."""
     import torch
@@ -166,37 +166,5 @@ def hf_model(chunk: int = CHUNK, seed: int = 26, dtype=None):
     return model.to(dtype or torch.float32)
 
 
-def check(seeds=(1, 2, 3), chunk: int = CHUNK, n: int = 32, length: int = 130, max_new: int = 64) -> dict:
-    """The target's checks, per prompt seed: float32 reference; bf16 (transformers, same
-    weights) equal to it; smallest logit margin; requests changed by chunk - 1 and chunk + 1;
-    distinct outputs; share of choices made by the chunk-start vote."""
-    import torch
-
-    ref32, bf16 = hf_model(chunk), hf_model(chunk, dtype=torch.bfloat16)
-    near = {c: hf_model(c) for c in (chunk - 1, chunk + 1)}
-    out = {}
-    for s in seeds:
-        ps = prompts(n, length, s)
-        ref, margin = greedy(ref32, ps, max_new)
-        low, _ = greedy(bf16, ps, max_new)
-        row = {"bf16_equal": sum(a == b for a, b in zip(ref, low)), "min_margin": round(min(margin), 3),
-               "distinct": len({tuple(o) for o in ref})}
-        for c, m in near.items():
-            other, _ = greedy(m, ps, max_new)
-            row[f"changed_by_chunk_{c}"] = sum(a != b for a, b in zip(ref, other))
-        out[s] = row
-        print(f"seed {s}: {json.dumps(row)}", flush=True)
-    return out
-
-
 if __name__ == "__main__":
-    import argparse
-
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seeds", default=os.environ.get("PROMPT_SEEDS", "1,2,3"))
-    ap.add_argument("--chunk", type=int, default=CHUNK)
-    a = ap.parse_args()
-    import torch
-
-    torch.set_num_threads(int(os.environ.get("CHECK_THREADS", "6")))
-    check(tuple(int(x) for x in a.seeds.split(",")), a.chunk)
+    readout.main(hf_model, CHUNK, "chunk")

@@ -144,3 +144,43 @@ def prompts(n: int, length: int, seed: int) -> list:
     return [[rng.randrange(10, 2000) for _ in range(length)] for _ in range(n)]
 
 
+
+
+def check(hf_model, size: int, label: str, seeds, n: int = 32, length: int = 130, max_new: int = 64) -> dict:
+    """A readout target's checks, per prompt seed: ``hf_model(size, dtype=None)`` (transformers,
+    float32 unless given) as the reference; the same weights in bf16 equal to it; the smallest
+    relative logit margin; requests changed by ``size`` - 1 and + 1 (the window or chunk, named
+    ``label``); distinct outputs. Prints one line per seed."""
+    import json
+
+    import torch
+
+    ref32, bf16 = hf_model(size), hf_model(size, dtype=torch.bfloat16)
+    near = {w: hf_model(w) for w in (size - 1, size + 1)}
+    out = {}
+    for s in seeds:
+        ps = prompts(n, length, s)
+        ref, margin = greedy(ref32, ps, max_new)
+        low, _ = greedy(bf16, ps, max_new)
+        row = {"bf16_equal": sum(a == b for a, b in zip(ref, low)), "min_margin": round(min(margin), 3),
+               "distinct": len({tuple(o) for o in ref})}
+        for w, m in near.items():
+            other, _ = greedy(m, ps, max_new)
+            row[f"changed_by_{label}_{w}"] = sum(a != b for a, b in zip(ref, other))
+        out[s] = row
+        print(f"seed {s}: {json.dumps(row)}", flush=True)
+    return out
+
+
+def main(hf_model, size: int, label: str) -> None:
+    """``python tests/gpu/<family>_target.py [--seeds 1,2,3]``: the checks at PROMPT_SEEDS or --seeds."""
+    import argparse
+    import os
+
+    import torch
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", default=os.environ.get("PROMPT_SEEDS", "1,2,3"))
+    a = ap.parse_args()
+    torch.set_num_threads(int(os.environ.get("CHECK_THREADS", "6")))
+    check(hf_model, size, label, [int(x) for x in a.seeds.split(",")])

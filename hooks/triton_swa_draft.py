@@ -43,8 +43,9 @@ Detection
     ``init_forward_metadata_capture_cuda_graph`` calls no ``update_sliding_window_buffer``;
     the eager half where ``init_forward_metadata`` has an ``is_draft_extend()`` branch that
     calls none; the decode half where ``TritonMultiStepDraftBackend.common_template`` builds
-    no window rail. A release whose window helper takes parameters this module cannot supply
-    is unknown.
+    no window rail (names no ``window_kv_indices``; 0.5.21-0.5.22's ``draft_window_size`` is
+    another feature). A release whose window helper takes parameters this module cannot
+    supply is unknown.
 
 Delete when
     The oldest supported sglang is 0.5.23 or later.
@@ -341,7 +342,10 @@ def probe(cls: type) -> dict:
         got["graph"] = _branch_builds_window(capture) if capture is not None else None
     multi = getattr(optional_module(MODULE), MULTI.rsplit(".", 1)[1], None)
     template = own_function(multi, "common_template") if multi is not None else None
-    got["decode"] = "window" in function_text(template) if template is not None else None
+    # The window rail sliding layers read (``window_kv_indices``, 0.5.23); not the draft
+    # attention window of --speculative-draft-window-size (``draft_window_size``, 0.5.21+),
+    # which is no such rail.
+    got["decode"] = "window_kv_indices" in function_text(template) if template is not None else None
     return got
 
 

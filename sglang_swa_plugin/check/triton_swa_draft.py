@@ -69,8 +69,9 @@ def cpu_triton(backend, calls: list):
 
 
 class DraftDecodeTwin:
-    """``generate_draft_decode_kv_indices[grid](...)`` of 0.5.10-0.5.14 in torch (CPU only), for
-    topk 1 at page size 1: step ``s`` (``s + 1`` draft tokens) of request ``b`` reads
+    """``generate_draft_decode_kv_indices[grid](...)`` of 0.5.10-0.5.22 in torch (CPU only), for
+    topk 1 at page size 1, reading ``req_to_token`` rows as they are (0.5.22 hands it the KV
+    index translator's source: that passthrough here, no ``v2p``): step ``s`` (``s + 1`` draft tokens) of request ``b`` reads
     ``req_to_token[row, :seq_len + s + 1]``, packed from ``seq_lens``; ``kv_indptr[s]``, as the
     kernel does, from ``positions`` (``sum(positions[:b]) + b * (s + 1)``): the two agree where
     positions are the draft tokens' (``seq_lens``), not on a CUDA-graph capture whose position
@@ -81,7 +82,8 @@ class DraftDecodeTwin:
         assert topk == 1, "the twin covers topk 1"
 
         def run(req_pool_indices, req_to_token, seq_lens, kv_indices, kv_indptr, positions, pool_len,
-                kv_indices_stride, kv_indptr_stride, *rest):
+                kv_indices_stride, kv_indptr_stride, *rest, ENTRY_PAGE_SIZE=1, v2p=None, **_):
+            assert ENTRY_PAGE_SIZE == 1 and v2p is None, "the twin reads req_to_token rows as they are"
             for s in range(steps):
                 off = 0
                 kv_indptr[s, 0] = 0

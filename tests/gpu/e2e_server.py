@@ -965,7 +965,7 @@ def scenario_gptoss_exact(out, _target, _draft):
     import gptoss_target as gt
 
     seeds = prompt_seeds()
-    target = gt.save(tempfile.mkdtemp(prefix="swa_gptoss_exact_"))
+    target, draft = gt.save(tempfile.mkdtemp(prefix="swa_gptoss_exact_"))
     reqs = [p for s in seeds for p in gt.prompts(32, 130, s)]
     rows = {"fa3_nohy_eager_off": (eager(exact_base(target) + BACKEND_ARGS["fa3"] + ["--disable-hybrid-swa-memory"]), OFF)}
     for b in os.environ.get("BACKENDS", "fa3,flashinfer,triton,trtllm_mha").split(","):
@@ -973,6 +973,11 @@ def scenario_gptoss_exact(out, _target, _draft):
         rows[f"{b}_off"] = (exact_base(target) + BACKEND_ARGS[b], OFF)
         rows[f"{b}_eager_off"] = (eager(exact_base(target) + BACKEND_ARGS[b]), OFF)
         rows[f"{b}_small_on"] = (exact_base(target, 4096) + BACKEND_ARGS[b], ON)
+        for topk in map(int, filter(None, os.environ.get("SPEC_TOPK", "").split(","))):  # EAGLE3, real draft
+            sp = eagle3_real(draft, topk, 3, 4 if topk < 4 else 8)
+            rows[f"{b}_k{topk}_on"] = (exact_base(target) + BACKEND_ARGS[b] + sp, ON)
+            rows[f"{b}_k{topk}_off"] = (exact_base(target) + BACKEND_ARGS[b] + sp, OFF)
+            rows[f"{b}_k{topk}_eager_on"] = (eager(exact_base(target) + BACKEND_ARGS[b] + sp), ON)
         for fix in filter(None, os.environ.get("WITHOUT_FIX", "").split(",")):  # the plugin less one fix
             rows[f"{b}_on_without_{fix}"] = (exact_base(target) + BACKEND_ARGS[b], {**ON, "SGLANG_SWA_PLUGIN_FIXES": f"all,-{fix}"})
     if os.environ.get("TRITON_WINDOW_PROBE"):  # triton with one key more in its window buffers (test-side probe)

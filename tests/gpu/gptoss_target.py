@@ -4,7 +4,8 @@ from transformers' own GptOssForCausalLM (its sliding-window mask and sinks).
 
     python tests/gpu/gptoss_target.py [--seeds 1,2,3]   # checks of the target (CPU)
 
-The readout design of tests/gpu/readout.py: layer 0 (sliding) attends the OLDEST key its window
+With an EAGLE3 draft with real weights (readout.eagle3_draft). The readout design of
+tests/gpu/readout.py: layer 0 (sliding) attends the OLDEST key its window
 lets it see (a score that rises by 12 per position back), so the window's exact size decides a
 quarter of the next tokens: a window of 15 or 17 instead of 16 changes most requests, and a
 backend that keeps one key more or less than the model defines gives other tokens. Layer 1
@@ -40,14 +41,16 @@ def config(window: int = WINDOW):
     return cfg
 
 
-def weights(seed: int = 27) -> dict:
-    """Float32 state dict of transformers' GptOssForCausalLM (the served weights before bf16)."""
+def weights(seed: int = 27, draft: bool = False) -> dict:
+    """Float32 state dict of transformers' GptOssForCausalLM (the served weights before bf16);
+    ``draft``: also its EAGLE3 draft's weights (readout.eagle3_draft), as (target, draft)."""
     import torch
     from transformers import GptOssForCausalLM
 
     torch.manual_seed(seed)
     sd = {k: v.float().clone() for k, v in GptOssForCausalLM(config()).state_dict().items()}
-    voc = readout.vocab(torch.Generator().manual_seed(seed))
+    g = torch.Generator().manual_seed(seed)
+    voc = readout.vocab(g)
     sd.update({"model.embed_tokens.weight": voc["emb"], "lm_head.weight": voc["head"], "model.norm.weight": torch.ones(H)})
     for i in range(L):
         p = f"model.layers.{i}."
@@ -61,18 +64,20 @@ def weights(seed: int = 27) -> dict:
         sd[p + "mlp.experts.down_proj_bias"].zero_()
         sd[p + "input_layernorm.weight"].fill_(1)
         sd[p + "post_attention_layernorm.weight"].fill_(1)
-    return sd
+    return (sd, readout.eagle3_draft(voc, g, FF, NH, NKV)) if draft else sd
 
 
-def save(root: str, seed: int = 27) -> str:
+def save(root: str, seed: int = 27) -> tuple:
+    """Writes (target dir, EAGLE3 draft dir), bf16 as served."""
     import torch
     from transformers import GptOssForCausalLM
 
     target = os.path.join(root, "gptoss_target")
+    sd, draft = weights(seed, draft=True)
     model = GptOssForCausalLM(config())
-    model.load_state_dict(weights(seed))
+    model.load_state_dict(sd)
     model.to(torch.bfloat16).save_pretrained(target, safe_serialization=True)
-    return target
+    return target, readout.save_draft(root, draft, FF, NH, NKV)
 
 
 def hf_model(window: int = WINDOW, dtype=None, seed: int = 27):

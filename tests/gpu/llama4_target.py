@@ -38,17 +38,14 @@ whenever B wins, its second whenever A wins (until a chunk boundary is crossed).
 from __future__ import annotations
 
 import json
-import math
 import os
 
 import readout
-from readout import CODE, CONST, H, HD, PA, THETA, V, greedy, prompts  # noqa: F401 (greedy, prompts: the scenario's)
+from readout import H, HD, THETA, V, greedy, prompts  # noqa: F401 (greedy, prompts: the scenario's)
 
 NH, NKV, FF, L = 4, 2, 512, 4
 CHUNK = 32
 B_DELTA = 1
-D_PB, D_PA = slice(0, 64), slice(64, 128)  # the draft's hidden coordinates
-LOGIT = readout.LOGIT
 
 
 def weights(seed: int = 26) -> dict:
@@ -58,7 +55,6 @@ def weights(seed: int = 26) -> dict:
 
     g = torch.Generator().manual_seed(seed)
     voc = readout.vocab(g)
-    had, rep = voc["had"], voc["rep"]
     sd = {"model.embed_tokens.weight": voc["emb"], "lm_head.weight": voc["head"], "model.norm.weight": torch.ones(H)}
     for i in range(L):
         p = f"model.layers.{i}."
@@ -72,33 +68,7 @@ def weights(seed: int = 26) -> dict:
                    p + "feed_forward.gate_proj.weight": torch.randn(FF, H, generator=g) * 0.1,
                    p + "feed_forward.up_proj.weight": torch.randn(FF, H, generator=g) * 0.1,
                    p + "feed_forward.down_proj.weight": torch.zeros(H, FF)})
-    # Draft: [norm(embed) | norm(hidden)] -> q, k, v. Group 0 (heads 0, 1) attends delta 1 and
-    # reads the embedding's code; group 1 (heads 2, 3) attends delta 0 and reads the carried
-    # B vote (its own previous step's), which head 2 writes back negated.
-    rms_e, rms_h = math.sqrt(72 / H), math.sqrt((64 + 64 * 0.25) / H)
-    dq, dk, dv, do = torch.zeros(NH * HD, 2 * H), torch.zeros(NKV * HD, 2 * H), torch.zeros(NKV * HD, 2 * H), torch.zeros(H, NH * HD)
-    for grp, (kind, delta) in enumerate((("recent", 0), ("peak", 0))):
-        q, k = readout.qk(kind, delta, neox=True)
-        for h in (2 * grp, 2 * grp + 1):
-            dq[h * HD:(h + 1) * HD, CONST] = q * rms_e
-        dk[grp * HD:(grp + 1) * HD, CONST] = k * rms_e
-    dv[0:HD, CODE] = torch.eye(HD)
-    dv[HD:2 * HD, H + D_PB.start:H + D_PB.stop] = torch.eye(HD)
-    do[D_PB, 0:HD] = torch.eye(HD) * rms_e
-    do[D_PB, 2 * HD:3 * HD] = -torch.eye(HD) * rms_h
-    fc = torch.zeros(H, 3 * H)
-    fc[D_PA, PA] = 0.5 * torch.eye(HD)  # A's vote from the hidden state captured after target layer 0
-    dhead = torch.zeros(V, H)
-    dhead[rep, D_PB] = LOGIT * had
-    dhead[rep, D_PA] = LOGIT * had
-    draft = {"fc.weight": fc, "embed_tokens.weight": voc["emb"], "lm_head.weight": dhead, "norm.weight": torch.ones(H),
-             "midlayer.input_layernorm.weight": torch.ones(H), "midlayer.hidden_norm.weight": torch.ones(H),
-             "midlayer.post_attention_layernorm.weight": torch.ones(H),
-             "midlayer.self_attn.q_proj.weight": dq, "midlayer.self_attn.k_proj.weight": dk,
-             "midlayer.self_attn.v_proj.weight": dv, "midlayer.self_attn.o_proj.weight": do,
-             "midlayer.mlp.gate_proj.weight": torch.randn(FF, H, generator=g) * 0.1,
-             "midlayer.mlp.up_proj.weight": torch.randn(FF, H, generator=g) * 0.1,
-             "midlayer.mlp.down_proj.weight": torch.zeros(H, FF)}
+    draft = readout.eagle3_draft(voc, g, FF, NH, NKV)
     return {"target": sd, "draft": draft, **voc}
 
 
@@ -137,17 +107,7 @@ def save(root: str, chunk: int = CHUNK, seed: int = 26) -> tuple:
         json.dump({}, f)
     bf = lambda t: t.to(torch.bfloat16).contiguous()
     save_file({"language_model." + k: bf(v) for k, v in w["target"].items()}, os.path.join(target, "model.safetensors"))
-    draft = os.path.join(root, "llama4_eagle3_draft")
-    os.makedirs(draft, exist_ok=True)
-    d = dict(architectures=["LlamaForCausalLMEagle3"], model_type="llama", vocab_size=V, draft_vocab_size=V,
-             hidden_size=H, target_hidden_size=H, intermediate_size=FF, num_hidden_layers=1,
-             num_attention_heads=NH, num_key_value_heads=NKV, head_dim=HD, max_position_embeddings=4096,
-             rms_norm_eps=1e-5, rope_theta=THETA, rope_parameters={"rope_theta": THETA, "rope_type": "default"},
-             hidden_act="silu", tie_word_embeddings=False, torch_dtype="bfloat16",
-             eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 2]})
-    with open(os.path.join(draft, "config.json"), "w") as f:
-        json.dump(d, f, indent=1)
-    save_file({k: bf(v) for k, v in w["draft"].items()}, os.path.join(draft, "model.safetensors"))
+    draft = readout.save_draft(root, w["draft"], FF, NH, NKV)
     return target, draft
 
 

@@ -146,6 +146,70 @@ def prompts(n: int, length: int, seed: int) -> list:
 
 
 
+D_PB, D_PA = slice(0, 64), slice(64, 128)  # the EAGLE3 draft's hidden coordinates
+
+
+def eagle3_draft(voc: dict, g, ff: int, nh: int, nkv: int) -> dict:
+    """Weights (sglang's EAGLE3 names, float32) of an EAGLE3 draft for a readout target whose
+    layer 0 writes PA and layer 1 (previous token) PB, captured after layer 0 (aux layer id 0):
+    ``fc`` carries PA's vote at half weight; the one layer reads [norm(embed) | norm(hidden)]:
+    KV group 0 attends the most recent key other than itself (delta 1, else 2: sglang's draft
+    extend puts token t_{j+1} at position j, its multi-step draft decode puts t_k at k) and
+    copies its code (the B vote); group 1 attends delta 0 and reads the carried hidden state's
+    B vote, which head 2 writes back negated, so each step votes B (1) and the carried A (0.5)."""
+    import torch
+
+    rms_e, rms_h = math.sqrt(72 / H), math.sqrt((64 + 64 * 0.25) / H)
+    dq, dk, dv, do = torch.zeros(nh * HD, 2 * H), torch.zeros(nkv * HD, 2 * H), torch.zeros(nkv * HD, 2 * H), torch.zeros(H, nh * HD)
+    for grp, (kind, delta) in enumerate((("recent", 0), ("peak", 0))):
+        q, k = qk(kind, delta, neox=True)
+        for h in (2 * grp, 2 * grp + 1):
+            dq[h * HD:(h + 1) * HD, CONST] = q * rms_e
+        dk[grp * HD:(grp + 1) * HD, CONST] = k * rms_e
+    dv[0:HD, CODE] = torch.eye(HD)
+    dv[HD:2 * HD, H + D_PB.start:H + D_PB.stop] = torch.eye(HD)
+    do[D_PB, 0:HD] = torch.eye(HD) * rms_e
+    do[D_PB, 2 * HD:3 * HD] = -torch.eye(HD) * rms_h
+    fc = torch.zeros(H, 3 * H)
+    fc[D_PA, PA] = 0.5 * torch.eye(HD)
+    dhead = torch.zeros(V, H)
+    dhead[voc["rep"], D_PB] = LOGIT * voc["had"]
+    dhead[voc["rep"], D_PA] = LOGIT * voc["had"]
+    return {"fc.weight": fc, "embed_tokens.weight": voc["emb"], "lm_head.weight": dhead, "norm.weight": torch.ones(H),
+            "midlayer.input_layernorm.weight": torch.ones(H), "midlayer.hidden_norm.weight": torch.ones(H),
+            "midlayer.post_attention_layernorm.weight": torch.ones(H),
+            "midlayer.self_attn.q_proj.weight": dq, "midlayer.self_attn.k_proj.weight": dk,
+            "midlayer.self_attn.v_proj.weight": dv, "midlayer.self_attn.o_proj.weight": do,
+            "midlayer.mlp.gate_proj.weight": torch.randn(ff, H, generator=g) * 0.1,
+            "midlayer.mlp.up_proj.weight": torch.randn(ff, H, generator=g) * 0.1,
+            "midlayer.mlp.down_proj.weight": torch.zeros(H, ff)}
+
+
+def eagle3_config(ff: int, nh: int, nkv: int) -> dict:
+    """config.json of ``eagle3_draft``'s checkpoint (``LlamaForCausalLMEagle3``)."""
+    return dict(architectures=["LlamaForCausalLMEagle3"], model_type="llama", vocab_size=V, draft_vocab_size=V,
+                hidden_size=H, target_hidden_size=H, intermediate_size=ff, num_hidden_layers=1,
+                num_attention_heads=nh, num_key_value_heads=nkv, head_dim=HD, max_position_embeddings=4096,
+                rms_norm_eps=1e-5, rope_theta=THETA, rope_parameters={"rope_theta": THETA, "rope_type": "default"},
+                hidden_act="silu", tie_word_embeddings=False, torch_dtype="bfloat16",
+                eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 2]})
+
+
+def save_draft(root: str, draft: dict, ff: int, nh: int, nkv: int) -> str:
+    import json
+    import os
+
+    import torch
+    from safetensors.torch import save_file
+
+    path = os.path.join(root, "eagle3_draft")
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(eagle3_config(ff, nh, nkv), f, indent=1)
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in draft.items()}, os.path.join(path, "model.safetensors"))
+    return path
+
+
 def check(hf_model, size: int, label: str, seeds, n: int = 32, length: int = 130, max_new: int = 64) -> dict:
     """A readout target's checks, per prompt seed: ``hf_model(size, dtype=None)`` (transformers,
     float32 unless given) as the reference; the same weights in bf16 equal to it; the smallest

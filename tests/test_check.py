@@ -56,6 +56,7 @@ def test_scenario_unavailable_names_what_is_missing(report):
         assert "sglang.srt.speculative.frozen_kv_mtp_utils" in frozen["note"], frozen
 
 
+@pytest.mark.cli
 def test_the_guard_row_when_on(tmp_path):
     rep = json.loads(run_cli("check", "--json", tmp_path=tmp_path, env=child_env(SGLANG_SWA_PLUGIN_GUARD="1")).stdout)
     row = next(r for r in rep["rows"] if r["fix"] == "swa_index_guard")
@@ -68,6 +69,7 @@ BAD = {"SGLANG_SWA_PLUGIN": "maybe", "SGLANG_SWA_PLUGIN_FIXES": "trtllm_swa_pool
        "SGLANG_SWA_PLUGIN_STRICT": "maybe", "SGLANG_SWA_PLUGIN_GUARD": "2"}
 
 
+@pytest.mark.cli
 def test_bad_settings_read_as_the_runtime_and_doctor_read_them(tmp_path):
     """Every variable bad at once: check prints the BAD SETTING lines doctor prints, falls
     back as the runtime does (plugin on, all fixes, guard off) and exits 1."""
@@ -85,6 +87,7 @@ def test_bad_settings_read_as_the_runtime_and_doctor_read_them(tmp_path):
     assert "not selected" not in check.stdout and "plugin off" not in check.stdout, check.stdout
 
 
+@pytest.mark.cli
 def test_a_plugin_that_will_not_load_is_a_problem_and_every_row_says_so(tmp_path):
     """sglang with a plugin loader: SGLANG_PLUGINS without us; without one (0.5.10): the plugin
     switched off."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from helpers import BUILTIN_NAMES, child_env, copy_dist, needs_framework, run_cli
 
 
@@ -17,6 +19,7 @@ def _fix_row(proc, name: str) -> str:
     return next(line.strip() for line in proc.stdout.splitlines() if line.startswith(f"  {name} "))
 
 
+@pytest.mark.cli
 @needs_framework
 def test_sglang_plugins_without_us_is_a_problem(tmp_path):
     proc = run_cli("doctor", tmp_path=tmp_path, env=child_env(SGLANG_PLUGINS="other_plugin"))
@@ -27,6 +30,7 @@ def test_sglang_plugins_without_us_is_a_problem(tmp_path):
         assert re.match(rf"{name}\s+not loaded\s+will not be applied", row), row
 
 
+@pytest.mark.cli
 def test_plugin_switched_off_is_a_problem(tmp_path):
     proc = run_cli("doctor", tmp_path=tmp_path, env=child_env(SGLANG_SWA_PLUGIN="0"))
     assert proc.returncode == 1 and "SGLANG_SWA_PLUGIN=0: the plugin installs nothing" in _last_line(proc), proc.stdout
@@ -63,6 +67,7 @@ def test_what_cannot_be_imported_is_a_line_not_a_traceback(tmp_path):
         assert "; fix " not in lines[-1], lines[-1]
 
 
+@pytest.mark.cli
 def test_all_but_one_fix(tmp_path):
     proc = run_cli("doctor", tmp_path=tmp_path, env=child_env(SGLANG_SWA_PLUGIN_FIXES="all,-trtllm_swa_pool"))
     assert "BAD SETTING" not in proc.stdout and "bad setting" not in proc.stdout, proc.stdout

@@ -10,6 +10,10 @@ from helpers import BUILTIN_NAMES, child_json, run_child
 
 from sglang_swa_plugin import config
 
+# Settings are read by the plugin's own code, the same on every release: these start-up and
+# CLI runs go in the sessions of noxfile.CLI_VERSIONS (the first, the demo and the newest release).
+pytestmark = pytest.mark.cli
+
 REGISTER = """
 import sglang_swa_plugin
 from sglang_swa_plugin.core import register

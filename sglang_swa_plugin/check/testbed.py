@@ -463,12 +463,15 @@ def make_model_runner(
 
 
 def _parallel_state():
-    """sglang's ``ParallelState`` of a single rank where the release has one (else None)."""
+    """sglang's ``ParallelState`` of a single rank, from its own ``ParallelState.trivial()``,
+    where the release has that (else None: main of June 2026 has the class without it, and
+    its model runners carry no ``ps``)."""
     try:
         from sglang.srt.distributed.parallel_state_wrapper import ParallelState
     except ImportError:
         return None
-    return ParallelState.trivial()
+    trivial = getattr(ParallelState, "trivial", None)
+    return trivial() if trivial is not None else None
 
 
 def _make_kv_index_translator(runner):

@@ -972,6 +972,7 @@ def scenario_gptoss_exact(out, _target, _draft):
         rows[f"{b}_on"] = (exact_base(target) + BACKEND_ARGS[b], ON)
         rows[f"{b}_off"] = (exact_base(target) + BACKEND_ARGS[b], OFF)
         rows[f"{b}_eager_off"] = (eager(exact_base(target) + BACKEND_ARGS[b]), OFF)
+        rows[f"{b}_eager_on"] = (eager(exact_base(target) + BACKEND_ARGS[b]), ON)
         rows[f"{b}_small_on"] = (exact_base(target, 4096) + BACKEND_ARGS[b], ON)
         for topk in map(int, filter(None, os.environ.get("SPEC_TOPK", "").split(","))):  # EAGLE3, real draft
             sp = eagle3_real(draft, topk, 3, 4 if topk < 4 else 8)

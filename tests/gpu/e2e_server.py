@@ -1641,9 +1641,12 @@ def scenario_throughput(out, _target, _draft):
                 r[f"{side}_median_tok_per_s"] = statistics.median(r[side]) if r[side] else None
             if r["plugin_median_tok_per_s"] and r["stock_median_tok_per_s"]:
                 r["ratio_plugin_over_stock"] = round(r["plugin_median_tok_per_s"] / r["stock_median_tok_per_s"], 4)
+                # each plugin round over the stock round right after it: the spread of the ratio
+                r["round_ratios"] = [round(x / y, 4) for x, y in zip(r["plugin"], r["stock"]) if y]
             same = sum(1 for x, y in zip(warm["plugin"]["outputs"], warm["stock"]["outputs"]) if x is not None and x == y)
             r["identical_requests_plugin_vs_stock"] = f"{same}/{len(reqs)}"  # for information: stock may be wrong
             r["plugin_log"] = [l[-120:] for l in a.log_lines("sglang-swa-plugin")][:6]
+            r["stock_plugin_lines"] = len(b.log_lines("sglang-swa-plugin"))  # 0: the stock server ran without it
             res["rows"][row] = r
     finally:
         for srv in servers.values():
@@ -1655,7 +1658,7 @@ def scenario_throughput(out, _target, _draft):
         else:
             print(f"{row:<18} {r['plugin_median_tok_per_s'] or '-':>13} {r['stock_median_tok_per_s'] or '-':>12} "
                   f"{r.get('ratio_plugin_over_stock', '-'):>7}")
-    print("THROUGHPUT=" + json.dumps({k: {x: v.get(x) for x in ("plugin", "stock", "ratio_plugin_over_stock", "error")}
+    print("THROUGHPUT=" + json.dumps({k: {x: v.get(x) for x in ("plugin", "stock", "ratio_plugin_over_stock", "round_ratios", "error")}
                                       for k, v in res["rows"].items()}), flush=True)
     return res
 

@@ -80,6 +80,7 @@ class Pair:
     fixed: Side
     ref_label: str
     note: str = ""
+    same_output: bool = False  # one graph for both, or ids that coincide: outputs must agree
 
 
 @dataclass
@@ -127,8 +128,9 @@ def capture(forward) -> object:
     t.cuda.synchronize()
     g = t.cuda.CUDAGraph()
     with t.cuda.graph(g):
-        forward()
+        out = forward()
     t.cuda.synchronize()
+    g.outputs = out if isinstance(out, (list, tuple)) else [out]  # what each replay writes
     return g
 
 
@@ -255,21 +257,21 @@ def _fa3_spec_translate(bs):
     fix = hook("fa3_spec_translate").FIX
     graph, refresh = fa3_verify(bs, 2, "gpt_oss", [fix])
     return Pair(Side(graph, refresh), Side(graph, refresh, [fix]), "stock, ids equal",
-                "one pool's ids: stock's untranslated tables are right; upstream's fix is the same two gathers")
+                "one pool's ids: stock's untranslated tables are right; upstream's fix is the same two gathers", True)
 
 
 @row("fa3_local_attn_verify", "target verify (EAGLE topk 1, Llama 4 chunked)")
 def _fa3_local_attn_verify(bs):
     fix = hook("fa3_local_attn_verify").FIX
     graph, refresh = fa3_verify(bs, 1, "llama4", [fix])
-    return Pair(Side(graph, refresh), Side(graph, refresh, [fix]), "fix-off")
+    return Pair(Side(graph, refresh), Side(graph, refresh, [fix]), "fix-off", same_output=True)
 
 
 @row("fa3_local_attn_tree_verify", "target verify (EAGLE3 topk 2, Llama 4 chunked)")
 def _fa3_local_attn_tree_verify(bs):
     fix = hook("fa3_local_attn_tree_verify").FIX
     graph, refresh = fa3_verify(bs, 2, "llama4", [fix])
-    return Pair(Side(graph, refresh), Side(graph, refresh, [fix]), "fix-off")
+    return Pair(Side(graph, refresh), Side(graph, refresh, [fix]), "fix-off", same_output=True)
 
 
 # ----------------------------------------------------------------------------- XQA (trtllm_mha)
@@ -438,7 +440,7 @@ def _triton_draft_decode(bs):
 
         refresh()
         t.cuda.synchronize()
-    return Pair(Side(graph, refresh), Side(graph, refresh, [fix]), "fix-off")
+    return Pair(Side(graph, refresh), Side(graph, refresh, [fix]), "fix-off", same_output=True)
 
 
 @row("triton_swa_draft", "draft extend (DRAFT_EXTEND_V2, 4 tokens, sliding layer)", "triton_swa_draft_extend")
@@ -468,7 +470,7 @@ def _triton_draft_extend(bs):
         refresh = replay_refresh(backend, batch, lens)
         refresh()
         t.cuda.synchronize()
-    return Pair(Side(graph, refresh), Side(graph, refresh, [fix]), "fix-off")
+    return Pair(Side(graph, refresh), Side(graph, refresh, [fix]), "fix-off", same_output=True)
 
 
 # ----------------------------------------------------------------------------- graph input fill
@@ -532,6 +534,20 @@ def count_syncs(fn) -> int:
     return sum(1 for w in seen if "synchroniz" in str(w.message))
 
 
+def output_diff(pair: Pair) -> float:
+    """Largest difference between the reference step's outputs and the fixed step's (where both
+    replay one graph, or stock reads the right ids: 0 up to kernel nondeterminism). Shows
+    that the reference is right and that the fix's refresh rewrote what its buffers held."""
+    t = torch()
+    got = []
+    for side in (pair.ref, pair.fixed):
+        with installed(side.fixes):
+            side.step()
+        t.cuda.synchronize()
+        got.append([o.clone().float() for o in side.graph.outputs])
+    return max(float((a - b).abs().max()) for a, b in zip(*got))
+
+
 def time_block(fn, per_block: int) -> float:
     """µs per call of ``fn`` over ``per_block`` calls, by CUDA events (host time between
     launches included: the step's refresh runs on the host)."""
@@ -552,6 +568,7 @@ def measure(pair: Pair, blocks: int, per_block: int) -> dict:
         with installed(side.fixes):
             side.step()
             syncs[name] = count_syncs(side.step)
+    diff = output_diff(pair) if pair.same_output else None
     for _ in range(blocks):  # ABAB: no drift or order bias between the two
         for name, side in (("ref", pair.ref), ("fixed", pair.fixed)):
             with installed(side.fixes):
@@ -561,7 +578,7 @@ def measure(pair: Pair, blocks: int, per_block: int) -> dict:
                     times[(name, "replay")].append(time_block(side.replay, per_block))
     med = {f"{s}_{w}_us": round(statistics.median(v), 2) for (s, w), v in times.items() if v}
     out = {**med, "ref_syncs_per_step": syncs["ref"], "fixed_syncs_per_step": syncs["fixed"],
-           "steps_timed": blocks * per_block, "ref": pair.ref_label, "note": pair.note}
+           "steps_timed": blocks * per_block, "ref": pair.ref_label, "note": pair.note, "output_max_diff": diff}
     for w in ("step", "replay"):
         if f"ref_{w}_us" in med:
             out[f"{w}_ratio"] = round(med[f"fixed_{w}_us"] / med[f"ref_{w}_us"], 4)
@@ -593,7 +610,8 @@ def verdict(r: dict) -> str:
         ok = r.get("replay_ratio", 9) <= TARGET_XQA
     else:
         ok = r.get("step_ratio", 9) <= TARGET_STEP
-    return ("ok" if ok else "missed") + ("" if r["fixed_syncs_per_step"] <= r["ref_syncs_per_step"] else " +sync")
+    return (("ok" if ok else "missed") + ("" if r["fixed_syncs_per_step"] <= r["ref_syncs_per_step"] else " +sync")
+            + (" OUTPUTS DIFFER" if (r.get("output_max_diff") or 0) > 1e-2 else ""))
 
 
 def table(rows: list) -> str:

@@ -42,7 +42,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, List
+from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -615,17 +615,17 @@ def verdict(r: dict) -> str:
 
 
 def table(rows: list) -> str:
-    head = (f"| fix | step | batch | reference | ref µs | fixed µs | ratio | replay ref µs | replay fixed µs "
-            f"| replay ratio | syncs ref/fixed | target |")
-    lines = [head, "|" + "---|" * 12]
+    head = ("| fix | step | batch | reference | ref µs | fixed µs | ratio | replay ref µs | replay fixed µs "
+            "| replay ratio | syncs ref/fixed | output diff | target |")
+    lines = [head, "|" + "---|" * 13]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['fix']} | {r['step']} | {r['bs']} | error: {r['error'][:160]} |||||||||")
+            lines.append(f"| {r['fix']} | {r['step']} | {r['bs']} | error: {r['error'][:160]} ||||||||||")
             continue
         g = lambda k: r.get(k, "-")  # noqa: E731
         lines.append(f"| {r['fix']} | {r['step']} | {r['bs']} | {r['ref']} | {g('ref_step_us')} | {g('fixed_step_us')} "
                      f"| {g('step_ratio')} | {g('ref_replay_us')} | {g('fixed_replay_us')} | {g('replay_ratio')} "
-                     f"| {r['ref_syncs_per_step']}/{r['fixed_syncs_per_step']} | {verdict(r)} |")
+                     f"| {r['ref_syncs_per_step']}/{r['fixed_syncs_per_step']} | {g('output_max_diff')} | {verdict(r)} |")
     return "\n".join(lines)
 
 

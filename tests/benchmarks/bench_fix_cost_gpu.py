@@ -594,6 +594,9 @@ def child(key: str, blocks: int, per_block: int) -> None:
             res.update(measure(spec.build(bs), blocks, per_block))
         except Exception as e:  # noqa: BLE001 - the row says why; the other batch goes on
             res["error"] = f"{type(e).__name__}: {e}"[:300]
+            import traceback
+
+            traceback.print_exc()  # into the children's log
         print("ROW=" + json.dumps(res), flush=True)
 
 
@@ -663,6 +666,9 @@ def main() -> None:
             out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
             err = f"timed out ({min(a.row_timeout, max(left, 0)):.0f} s left for it)"
         got = [json.loads(l[4:]) for l in out.splitlines() if l.startswith("ROW=")]
+        if os.environ.get("OUT"):  # every child's output, for the rows that failed
+            with open(Path(os.environ["OUT"], "bench_fix_cost_children.log"), "a") as f:
+                f.write(f"===== {key}\n{out}\n{(err or '')[-20000:]}\n")
         for bs in BATCHES:
             if not any(r["bs"] == bs for r in got):
                 last = [l for l in (err or "").strip().splitlines() if l.strip()][-1:] or ["no output"]

@@ -953,6 +953,7 @@ def scenario_llama4_exact(out, _target, _draft):
 
 BACKEND_ARGS = {"fa3": ["--attention-backend", "fa3"], "flashinfer": ["--attention-backend", "flashinfer"],
                 "triton": ["--attention-backend", "triton"],
+                "triton_nohy": ["--attention-backend", "triton", "--disable-hybrid-swa-memory"],
                 # XQA decode on Hopper; sglang refuses trtllm_mha prefill on sm90 before 0.5.19
                 "trtllm_mha": ["--decode-attention-backend", "trtllm_mha", "--prefill-attention-backend", "fa3"]}
 

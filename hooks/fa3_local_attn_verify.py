@@ -13,10 +13,10 @@ Bug
     This module gives the verify graph its own static local-attention buffers (as many
     virtual requests as a verify step can make: ``bs * (1 + cdiv(draft_tokens - 1, chunk))``,
     one chunk of pages each), binds the metadata's ``local_attn_metadata`` to views of them at
-    capture and refills them before each replay with sglang's own splitter over the verify
-    page table of the layer's own pool (``swa_page_table`` on the hybrid pool, page ids at
-    every page size), from the host copy of the sequence lengths sglang's replay already
-    has; unused virtual requests get no query tokens and no keys. Eager topk-1 verify
+    capture and refills them before each replay with the values of sglang's own splitter over
+    the verify page table of the layer's own pool (``swa_page_table`` on the hybrid pool, page
+    ids at every page size), computed on the device from the graph's sequence lengths with
+    fixed shapes (no host-device sync); unused virtual requests get no query tokens and no keys. Eager topk-1 verify
     already builds the metadata (page size > 1: with ``fa3_local_attn_pages``).
     ``--speculative-eagle-topk`` > 1 (cascade verify) is ``fa3_local_attn_tree_verify``'s.
     Not covered: verify steps whose requests carry different numbers of draft tokens (ragged
@@ -28,8 +28,7 @@ Upstream PRs
 Affected versions
     0.5.10-0.5.23: no release builds local-attention metadata for CUDA-graph target verify.
     The capture/replay API up to 0.5.12, ``init_forward_metadata_out_graph`` from 0.5.13
-    (0.5.18+: no host lengths on the sync-free path; the hook then copies the lengths once,
-    as sglang's own local-attention decode replay does). 0.5.23's metadata runs Triton
+    (0.5.18+: no host lengths on the sync-free path; the hook reads none). 0.5.23's metadata runs Triton
     kernels, so its graph path is exercised on the GPU only.
     Status by release: applied 0.5.10+.
 
@@ -52,7 +51,7 @@ import ast
 from sglang_swa_plugin.fa3_local import FA3_CLASS as CLASS, FA3_MODULE as MODULE, GRAPH_CAPTURE as CAPTURE
 from sglang_swa_plugin.fa3_local import GRAPH_PARAMS, GRAPH_REPLAY as REPLAY, GRAPH_STATE as STATE, OUT_GRAPH
 from sglang_swa_plugin.fa3_local import arg as _arg, cdiv as _cdiv, graph_targets, installed_graph_api
-from sglang_swa_plugin.fa3_local import local_batches, local_metadata_class
+from sglang_swa_plugin.fa3_local import local_metadata_class, verify_local_batches
 from sglang_swa_plugin.fix import Detection, Fix, hookimpl
 from sglang_swa_plugin.probe import callee, if_branches, optional_module, own_function, target_class
 
@@ -107,29 +106,15 @@ def _bind(self, metadata, bs: int) -> None:
     )
 
 
-def _fill(self, metadata, bs: int, prefix_lens_host) -> None:
+def _fill(self, metadata, bs: int, prefix_lens) -> None:
     """Before a replay (and at capture): the step's virtual requests into the buffers, from
-    the host copy of the lengths before the draft tokens; the rest empty."""
-    import numpy as np
-    import torch
-
-    n, ps = int(self.speculative_num_draft_tokens), self.page_size
-    lens = np.asarray(prefix_lens_host[:bs], dtype=np.int64).astype(np.int32) + n
+    the device lengths before the draft tokens; the rest empty. Device ops with fixed shapes
+    (``verify_local_batches``): no host-device sync in the replayed path."""
     table = metadata.swa_page_table if self.use_sliding_window_kv_pool else metadata.page_table
-    table = table[:bs, : _cdiv(int(lens.max()), ps)]
-    cu_q = np.arange(0, bs * n + 1, n, dtype=np.int32)
-    _, cu_local, k_local, blocks = local_batches(self.attention_chunk_size, cu_q, lens, table, ps)
-    bufs, v = self.__dict__[BUFFERS], bs * _per_request(self)
-    q_buf, k_buf, b_buf = bufs["local_query_start_loc"], bufs["local_seqused_k"], bufs["local_block_table"]
-    dev = q_buf.device
-    nq, nk, (b0, b1) = cu_local.shape[0], k_local.shape[0], blocks.shape
-    q_buf[:nq].copy_(torch.from_numpy(cu_local).to(dev))
-    q_buf[nq: v + 1].fill_(bs * n)  # unused virtual requests: no query tokens
-    k_buf[:nk].copy_(torch.from_numpy(k_local).to(dev))
-    k_buf[nk:v].fill_(0)
-    b_buf[:b0, :b1].copy_(blocks.to(dev))
-    b_buf[:b0, b1:].fill_(0)
-    b_buf[b0:v].fill_(0)
+    bufs = self.__dict__[BUFFERS]
+    verify_local_batches(self.attention_chunk_size, self.page_size, prefix_lens, self.speculative_num_draft_tokens,
+                         table, bs, _per_request(self), bufs["local_query_start_loc"], bufs["local_seqused_k"],
+                         bufs["local_block_table"])
 
 
 def _verify_topk1(self, forward_mode, spec_info) -> bool:
@@ -143,7 +128,7 @@ def _capture_with_local(original, self, bs, *args, **kwargs):
     if _verify_topk1(self, _arg(args, kwargs, 4, "forward_mode"), _arg(args, kwargs, 5, "spec_info")):
         metadata = self.target_verify_metadata[bs]
         _bind(self, metadata, bs)
-        _fill(self, metadata, bs, _arg(args, kwargs, 2, "seq_lens").cpu().numpy())  # capture: a sync is fine
+        _fill(self, metadata, bs, _arg(args, kwargs, 2, "seq_lens"))
     return result
 
 
@@ -151,10 +136,7 @@ def _replay_with_local(original, self, bs, *args, **kwargs):
     # (bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu, ...)
     result = original(self, bs, *args, **kwargs)
     if _verify_topk1(self, _arg(args, kwargs, 4, "forward_mode"), _arg(args, kwargs, 5, "spec_info")):
-        host = _arg(args, kwargs, 6, "seq_lens_cpu")
-        if host is None:  # as sglang's own local-attention replay: one copy of the lengths
-            host = _arg(args, kwargs, 1, "seq_lens")[:bs].cpu()
-        _fill(self, self.target_verify_metadata[bs], bs, host.numpy())
+        _fill(self, self.target_verify_metadata[bs], bs, _arg(args, kwargs, 1, "seq_lens"))
     return result
 
 
@@ -163,12 +145,9 @@ def _out_graph_with_local(original, self, forward_batch, *args, **kwargs):
     if _verify_topk1(self, forward_batch.forward_mode, forward_batch.spec_info):
         bs, in_capture = forward_batch.batch_size, bool(_arg(args, kwargs, 0, "in_capture"))
         metadata = self.target_verify_metadata[bs]
-        host = None if in_capture else getattr(forward_batch, "seq_lens_cpu", None)
         if in_capture or metadata.local_attn_metadata is None:
             _bind(self, metadata, bs)
-        if host is None:  # capture; or a release that passes no host lengths (one copy, as sglang's decode)
-            host = forward_batch.seq_lens[:bs].cpu()
-        _fill(self, metadata, bs, host.numpy())
+        _fill(self, metadata, bs, forward_batch.seq_lens)
     return result
 
 

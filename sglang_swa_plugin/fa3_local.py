@@ -54,6 +54,51 @@ def local_batches(chunk: int, cu_seqlens_q_np, seq_lens_np, page_table, page_siz
     return q[:-1], cu_q[:-1], k[:-1], blocks[:-1]
 
 
+def kept_chunk(chunk: int, page_size: int) -> int:
+    """The chunk ``local_batches`` splits by: as configured where the splitter preserves it;
+    else the splitter's own rounding down to whole pages (``local_batches`` keeps the longest
+    sequence at least one chunk long)."""
+    if PRESERVE in inspect.signature(splitter()).parameters:
+        return chunk
+    return max(chunk // page_size * page_size, page_size)
+
+
+def verify_local_batches(chunk: int, page_size: int, prefix_lens, draft_tokens: int, page_table, bs: int,
+                         per_request: int, cu_q_out, k_out, blocks_out) -> None:
+    """``local_batches`` of ``bs`` verify requests of ``draft_tokens`` query tokens each over
+    ``prefix_lens`` keys before them, computed on the device with fixed shapes (no host-device
+    sync; capturable): the ``bs * per_request`` virtual requests packed as the splitter packs
+    them, the unused ones with no query tokens, no keys and page 0. Writes ``cu_q_out[: v + 1]``,
+    ``k_out[:v]`` and ``blocks_out[:v]`` (``v = bs * per_request``); the same values as
+    ``local_batches`` over ``page_table[:bs, : cdiv(max(prefix_lens) + draft_tokens, page_size)]``."""
+    import torch
+
+    c, n, ps, v = kept_chunk(chunk, page_size), int(draft_tokens), page_size, bs * per_request
+    dev = prefix_lens.device
+    lens = prefix_lens[:bs].to(torch.int64) + n  # keys up to and including the draft tokens
+    q_first = torch.clamp(c - (lens - n) % c, max=n)  # query tokens in the request's first chunk
+    last = (lens - 1) % c + 1  # keys in its last chunk
+    blocks = 1 + (n - q_first + c - 1) // c  # its virtual requests
+    ends = torch.cumsum(blocks, 0)
+    slot = torch.arange(v, device=dev)
+    req = torch.clamp(torch.searchsorted(ends, slot, right=True), max=bs - 1)
+    j = slot - (ends - blocks)[req]  # the virtual request's chunk within its request
+    valid = slot < ends[bs - 1]
+    later = torch.clamp(n - q_first[req] - c * (j - 1), max=c)
+    q = torch.where(valid, torch.where(j == 0, q_first[req], later), 0)
+    cu_q_out[:1] = 0
+    cu_q_out[1 : v + 1] = torch.cumsum(q, 0)
+    is_last = j == blocks[req] - 1
+    k_out[:v] = torch.where(valid, torch.where(is_last, last[req], c), 0)
+    start = lens[req] - ((blocks[req] - j - 1) * c + last[req])  # the chunk's first key
+    pages = c // ps
+    cols = torch.clamp((lens.max() + ps - 1) // ps, max=page_table.shape[1]) - 1  # the splitter's clip
+    idx = torch.minimum(start.clamp(min=0)[:, None] // ps + torch.arange(pages, device=dev), cols)
+    got = page_table[req[:, None], idx]
+    blocks_out[:v, :pages] = torch.where(valid[:, None], got, 0)
+    blocks_out[:v, pages:] = 0
+
+
 def local_metadata_class(metadata):
     """The ``LocalAttentionMetadata`` class FA3 reads (nested in ``FlashAttentionMetadata``;
     0.5.22+: the local-attention module)."""

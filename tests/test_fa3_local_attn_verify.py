@@ -161,3 +161,56 @@ def test_topk_above_one_is_left_to_the_tree_fix():
     with fixed():
         bench.backend.init_cuda_graph_state(4, 16)
     assert lav.BUFFERS not in bench.backend.__dict__
+
+
+# ------------------------------------------------------------------ the device splitter
+
+
+def host_splitter(chunk, ps, prefix, n, table, v):
+    """The former host-side refill: sglang's splitter (``local_batches``) over numpy lengths,
+    then the unused virtual requests emptied, as the buffers held them."""
+    import numpy as np
+
+    from sglang_swa_plugin.fa3_local import cdiv, local_batches
+
+    bs = prefix.shape[0]
+    lens = prefix.numpy().astype(np.int32) + n
+    cu_q = np.arange(0, bs * n + 1, n, dtype=np.int32)
+    _, cu_local, k_local, blocks = local_batches(chunk, cu_q, lens, table[:bs, : cdiv(int(lens.max()), ps)], ps)
+    q = torch.full((v + 1,), bs * n, dtype=torch.int32)
+    k = torch.zeros(v, dtype=torch.int32)
+    b = torch.zeros(v, cdiv(chunk, ps), dtype=torch.int32)
+    q[: len(cu_local)] = torch.from_numpy(cu_local)
+    k[: len(k_local)] = torch.from_numpy(k_local)
+    b[: blocks.shape[0], : blocks.shape[1]] = blocks
+    return q, k, b
+
+
+@pytest.mark.parametrize("ps", [1, 4, 16])
+@pytest.mark.parametrize("n", [1, 4, 9])
+def test_device_splitter_equals_sglangs_host_splitter(ps, n):
+    """The replay refill's device computation (fixed shapes, no sync) gives the values of
+    sglang's own host splitter, on batches of 1 and many requests, requests shorter than the
+    chunk, ones whose draft tokens cross a chunk boundary (or several: 9 tokens, chunk 8 at
+    page 1 and 4), CUDA-graph padded rows (length 1, the runner's fill value) and stale
+    buffers; the buffer entries past the step's virtual requests stay as they were."""
+    from sglang_swa_plugin.fa3_local import cdiv, verify_local_batches
+
+    chunk = 8 if ps < 16 else 32
+    per_request = 1 + cdiv(n - 1, chunk)
+    gen = torch.Generator().manual_seed(ps * 100 + n)
+    batches = [[0], [5], [chunk - 1], [chunk], [3 * chunk - n + 1], [1, 1, 1, 1],
+               [0, max(chunk - n, 0), chunk + 2, 2 * chunk - 1, 7, 1, 1, 1]]  # the last three: padded rows
+    batches += [torch.randint(0, 6 * chunk, (bs,), generator=gen).tolist() for bs in (2, 17, 32)]
+    for prefix in batches:
+        prefix = torch.tensor(prefix, dtype=torch.int32)
+        bs, width = prefix.shape[0], cdiv(int(prefix.max()) + n, ps) + 3  # wider than the batch needs
+        table = torch.randint(0, 1000, (bs + 2, width), generator=gen, dtype=torch.int32)
+        v = bs * per_request
+        want = host_splitter(chunk, ps, prefix, n, table, v)
+        got = [torch.full((v + 3,), -7, dtype=torch.int32), torch.full((v + 2,), -7, dtype=torch.int32),
+               torch.full((v + 2, cdiv(chunk, ps)), -7, dtype=torch.int32)]
+        verify_local_batches(chunk, ps, prefix, n, table, bs, per_request, *got)
+        for g, w, name in zip(got, want, ("cu_seqlens_q", "seqused_k", "block_table")):
+            assert torch.equal(g[: w.shape[0]], w), (prefix.tolist(), name, g[: w.shape[0]].tolist(), w.tolist())
+            assert bool((g[w.shape[0]:] == -7).all()), (prefix.tolist(), name)

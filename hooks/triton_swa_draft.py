@@ -125,7 +125,30 @@ def fill_window(self, lens, req_pool_indices, bs: int, out=None, plan=None, inde
     (the helper's own, as sglang's verify graphs run it)."""
     fn, params = _helper(out is not None)
     values = _values(self, lens, req_pool_indices, bs, out, plan, index_table)
-    return fn(**{p.name: values[p.name] for p in params if p.name in values})
+    if out is None or any(p.name == "translator" for p in params):
+        return fn(**{p.name: values[p.name] for p in params if p.name in values})
+    # CUDA graph, a helper that translates through the pool itself (0.5.10-0.5.22): its slices
+    # ``out[:window_kv_indptr[-1]]`` read the total on the host (two syncs per step); the
+    # gather is its, the translation is done here over ``bs * window`` slots instead.
+    values["token_to_kv_pool_allocator"] = values["token_to_kv_pool"] = None
+    got = fn(**{p.name: values[p.name] for p in params if p.name in values})
+    translate_window(self, got[0], bs, out)
+    return got
+
+
+def translate_window(self, indptr, bs: int, out) -> None:
+    """``out[:indptr[bs]]`` (full-pool ids) into SWA space through the pool's own
+    translation, over a fixed ``bs * window`` slots: no host-device sync; the slots past the
+    window rail are kept as they were."""
+    import torch
+
+    state = _rail_state(self)
+    if state["translate"] is None:
+        return
+    n = min(bs * self.sliding_window_size, out.shape[0])
+    ids = out[:n]
+    keep = _slots(state, n, indptr) < indptr[bs]
+    out[:n] = torch.where(keep, state["translate"](torch.where(keep, ids, 0)), ids)
 
 
 _signature = functools.lru_cache(maxsize=None)(inspect.signature)
@@ -162,12 +185,45 @@ def _draft_step(mode, spec_info) -> bool:
     return mode.name == "DECODE" and spec_info is not None and getattr(spec_info, "kv_indptr", None) is not None
 
 
+RAIL = "_swa_plugin_window_rail"  # per backend: the pool's translation, its size, slot ranges
+
+
 def _translator(self):
     pool = getattr(self, "token_to_kv_pool", None)
     for obj in (pool, getattr(self, "token_to_kv_pool_allocator", None)):
         if hasattr(obj, "translate_loc_from_full_to_swa"):
             return obj.translate_loc_from_full_to_swa
     return None
+
+
+def _full_size(self) -> "int | None":
+    """How many full-pool slots the full->SWA mapping covers (None: no mapping found)."""
+    for obj in (getattr(self, "token_to_kv_pool", None), getattr(self, "token_to_kv_pool_allocator", None)):
+        for o in (obj, getattr(obj, "_kvcache", None)):
+            mapping = getattr(o, "full_to_swa_index_mapping", None)
+            if mapping is not None:
+                return mapping.shape[0]
+    return None
+
+
+def _rail_state(self) -> dict:
+    """What does not change on a backend between draft steps, looked up once: the pool's
+    full->SWA translation and the size of its mapping."""
+    state = self.__dict__.get(RAIL)
+    if state is None:
+        state = self.__dict__[RAIL] = {"translate": _translator(self), "limit": _full_size(self), "slots": {}}
+    return state
+
+
+def _slots(state: dict, n: int, like):
+    """``arange(n)`` on ``like``'s device and dtype, made once per size."""
+    import torch
+
+    key = (n, like.device, like.dtype)
+    slot = state["slots"].get(key)
+    if slot is None:
+        slot = state["slots"][key] = torch.arange(n, device=like.device, dtype=like.dtype)
+    return slot
 
 
 def window_of_rail(self, kv_indptr, kv_indices, bs: int, out_indptr, out_indices) -> None:
@@ -181,35 +237,32 @@ def window_of_rail(self, kv_indptr, kv_indices, bs: int, out_indptr, out_indices
     (the position buffer, shared by all batch sizes, was advanced by the warm-up runs of the
     larger ones), so the rail may claim keys past the ``kv_indices`` slice, and a padded
     row's slots need not be in the pool. Such slots read SWA slot 0 (the pool's padding slot),
-    where sglang's own kernels, reading through pointers, read whatever lies past the slice."""
+    where sglang's own kernels, reading through pointers, read whatever lies past the slice.
+
+    Slot ``s`` of request ``r`` (its window packed from ``cum[r] - wl[r]``) reads full-rail
+    entry ``kv_indptr[r + 1] - wl[r] + (s - (cum[r] - wl[r])) = (kv_indptr[r + 1] - cum[r]) + s``."""
     import torch
 
-    w = self.sliding_window_size
-    lens = kv_indptr[1 : bs + 1] - kv_indptr[:bs]
-    wl = torch.clamp(lens, min=0, max=w)
-    out_indptr[1 : bs + 1] = torch.cumsum(wl, 0)
-    slot = torch.arange(bs * w, device=kv_indptr.device, dtype=out_indptr.dtype)
-    req = torch.clamp(torch.searchsorted(out_indptr[1 : bs + 1].contiguous(), slot, right=True), max=bs - 1)
-    src = (kv_indptr[req] + lens[req] - wl[req] + (slot - out_indptr[req])).long()
-    valid = (slot < out_indptr[bs]) & (src >= 0) & (src < kv_indices.shape[0])
-    ids = kv_indices[torch.where(valid, src, torch.zeros_like(src))].long()
-    translate, limit = _translator(self), _full_size(self)
+    state, w = _rail_state(self), self.sliding_window_size
+    ends = kv_indptr[1 : bs + 1]
+    cum = torch.cumsum(torch.clamp(ends - kv_indptr[:bs], min=0, max=w), 0)
+    out_indptr[1 : bs + 1] = cum
+    slot = _slots(state, bs * w, cum)
+    req = torch.searchsorted(cum, slot, right=True).clamp_(max=bs - 1)
+    src = (ends - cum)[req] + slot
+    last = kv_indices.shape[0] - 1
+    valid = (slot < cum[-1]) & (src.clamp(0, last) == src)
+    ids = kv_indices[torch.where(valid, src, 0)]
+    limit = state["limit"]
     if limit is not None:
-        valid &= (ids >= 0) & (ids < limit)
-    ids = torch.where(valid, ids, torch.zeros_like(ids))
-    if translate is not None:
-        ids = translate(ids).long()
-    out_indices[: bs * w] = torch.where(valid, ids, torch.zeros_like(ids))
-
-
-def _full_size(self) -> "int | None":
-    """How many full-pool slots the full->SWA mapping covers (None: no mapping found)."""
-    for obj in (getattr(self, "token_to_kv_pool", None), getattr(self, "token_to_kv_pool_allocator", None)):
-        for o in (obj, getattr(obj, "_kvcache", None)):
-            mapping = getattr(o, "full_to_swa_index_mapping", None)
-            if mapping is not None:
-                return mapping.shape[0]
-    return None
+        ids_in = ids.clamp(0, limit - 1)
+        valid &= ids_in == ids
+        ids = ids_in
+    else:
+        ids = torch.where(valid, ids, 0)
+    if state["translate"] is not None:
+        ids = state["translate"](ids)
+    out_indices[: bs * w] = torch.where(valid, ids, 0)
 
 
 def _step_capture(self, spec_info, bs: int) -> None:

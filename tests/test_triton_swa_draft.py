@@ -137,3 +137,58 @@ def test_capture_after_a_larger_batch_stays_in_range():
     assert "error" not in got, got
     for window in got["windows"]:
         assert window is not None and 0 <= int(window.min()) and int(window.max()) <= env.pool.size_swa, got
+
+
+def rail_reference(env, kv_indptr, kv_indices, bs):
+    """Per request, in plain Python: the last ``min(L, window)`` keys of its full rail, through
+    the pool's own translation; a key outside the ``kv_indices`` slice or the full pool reads 0."""
+    w, size, out, ptr = scen.WINDOW, env.pool.full_to_swa_index_mapping.shape[0], [], [0]
+    for r in range(bs):
+        start, end = int(kv_indptr[r]), int(kv_indptr[r + 1])
+        n = max(0, min(end - start, w))
+        for src in range(end - n, end):
+            full = int(kv_indices[src]) if 0 <= src < kv_indices.shape[0] else -1
+            out.append(int(env.pool.translate_loc_from_full_to_swa(torch.tensor([full]))[0]) if 0 <= full < size else 0)
+        ptr.append(ptr[-1] + n)
+    return ptr, out + [0] * (bs * w - len(out))
+
+
+def test_window_of_rail_equals_a_per_request_reference():
+    """The draft step's window gather (fixed shapes, the pool's translation and size looked up
+    once per backend) on rails of 1 and many requests, shorter and longer than the window,
+    empty, claiming keys past the ``kv_indices`` slice (a stale capture) and holding ids
+    outside the full pool (padded rows), twice on the same backend."""
+    env = scen.build()
+    be, size = env.backend, env.pool.full_to_swa_index_mapping.shape[0]
+    ids = torch.cat([torch.cat(env.tokens).long(), torch.tensor([size + 5, -3, 0])])
+    gen = torch.Generator().manual_seed(7)
+    cases = [[3], [20], [0, 0], [2, 9, 7, 1], [25, 1, 8, 30]]
+    cases += [torch.randint(0, 12, (bs,), generator=gen).tolist() for bs in (1, 5, 8)]
+    for lens in cases:
+        bs = len(lens)
+        kv_indptr = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+        kv_indices = ids[torch.randint(0, ids.shape[0], (max(1, int(kv_indptr[-1]) - 3),), generator=gen)]
+        out_indptr = torch.full((bs + 3,), -1, dtype=torch.int32)
+        out_indices = torch.full((bs * scen.WINDOW + 4,), -1, dtype=torch.int64)
+        tsd.window_of_rail(be, kv_indptr, kv_indices, bs, out_indptr, out_indices)
+        ptr, want = rail_reference(env, kv_indptr, kv_indices, bs)
+        assert out_indptr[1 : bs + 1].tolist() == ptr[1:], (lens, out_indptr.tolist(), ptr)
+        assert out_indices[: bs * scen.WINDOW].tolist() == want, (lens, out_indices.tolist(), want)
+        assert out_indices[bs * scen.WINDOW :].tolist() == [-1] * 4
+
+
+def test_graph_window_translation_keeps_the_rest_of_the_buffer():
+    """The draft-extend graph fill translates ``out[:indptr[bs]]`` over fixed shapes (sglang's
+    helper reads that total on the host): as sglang's own translation there, the buffer past
+    it untouched."""
+    env = scen.build()
+    be = env.backend
+    full = torch.cat(env.tokens).long()[:40]
+    for lens in ([7], [3, 7, 0, 5], [1, 1]):
+        bs = len(lens)
+        indptr = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
+        out = torch.cat([full, torch.full((30,), 999)])
+        total = int(indptr[-1])
+        want = torch.cat([env.pool.translate_loc_from_full_to_swa(full[:total]).long(), out[total:]])
+        tsd.translate_window(be, indptr, bs, out)
+        assert out.tolist() == want.tolist(), lens

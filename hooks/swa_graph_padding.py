@@ -47,11 +47,23 @@ TARGET = f"{MODULE}.DecodeInputBuffers.populate_from_forward_batch"
 _CLEARS = re.compile(r"out_cache_loc_swa(\[[^\]]*\])?\s*\.\s*(zero_|fill_)\s*\(")
 
 
+TAILS = "_swa_plugin_padded_tails"  # per buffers object: {raw_num_token: (out_cache_loc_swa, its tail)}
+
+
+def _tail(self, swa, start: int):
+    """``swa[start:]``, the view made once per start (slicing costs as much as the zero_)."""
+    tails = self.__dict__.setdefault(TAILS, {})
+    got = tails.get(start)
+    if got is None or got[0] is not swa:  # first time, or the buffer was replaced
+        got = tails[start] = (swa, swa[start:])
+    return got[1]
+
+
 def _clear_padded_swa_locs(original, self, *args, **kwargs):
     result = original(self, *args, **kwargs)
     swa = getattr(self, "out_cache_loc_swa", None)
     if swa is not None and kwargs.get("bs") != kwargs.get("raw_bs"):
-        swa[kwargs["raw_num_token"]:].zero_()
+        _tail(self, swa, kwargs["raw_num_token"]).zero_()
     return result
 
 

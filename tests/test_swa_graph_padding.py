@@ -64,3 +64,33 @@ def test_unpadded_replays_are_left_alone():
             pytest.skip(str(e))
         fill(scen.MAX_BS, scen.MAX_BS, 10)
     assert buffers.out_cache_loc_swa[: scen.MAX_BS * scen.N].tolist() == [1010 + i for i in range(scen.MAX_BS * scen.N)]
+
+
+def test_repeated_padded_replays_clear_every_tail_and_a_replaced_buffer():
+    """The padded tail's view is made once per size and reused: padded replays of 1, 3, 1
+    and 2 requests (interleaved with full ones) each leave the padding slot from their last
+    real row on; a buffer sglang replaces is cleared, not the old one's view."""
+    if FIX.detect().verdict is not Verdict.NEEDED:
+        pytest.skip(f"not needed here: {FIX.detect().reason}")
+    import torch
+
+    from sglang_swa_plugin.check import swa_graph_padding as scen
+
+    n, full = scen.N, scen.MAX_BS
+    with fixed_alone(FIX, _methods()):
+        try:
+            buffers, fill = scen.buffers_and_batch()
+        except ScenarioUnavailable as e:
+            pytest.skip(str(e))
+        for raw in (1, 3, 1, 2):
+            fill(full, full, 10)
+            fill(raw, full, 40)
+            swa = buffers.out_cache_loc_swa
+            assert swa[: raw * n].tolist() == [1040 + i for i in range(raw * n)], raw
+            assert swa[raw * n:].tolist() == [0] * (swa.shape[0] - raw * n), raw
+        old = buffers.out_cache_loc_swa
+        buffers.out_cache_loc_swa = torch.full_like(old, 5)
+        old.fill_(7)
+        fill(2, full, 40)
+        assert buffers.out_cache_loc_swa[2 * n:].tolist() == [0] * (old.shape[0] - 2 * n)
+        assert old.tolist() == [7] * old.shape[0]

@@ -184,7 +184,8 @@ def test_graph_window_translation_keeps_the_rest_of_the_buffer():
     env = scen.build()
     be = env.backend
     full = torch.cat(env.tokens).long()[:40]
-    for lens in ([7], [3, 7, 0, 5], [1, 1]):
+    assert full.shape[0] == 40
+    for lens in ([7], [3, 7, 0, 5], [1, 1], [8, 8, 2]):  # 8: window + 1 keys (with triton_swa_window)
         bs = len(lens)
         indptr = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
         out = torch.cat([full, torch.full((30,), 999)])

@@ -513,7 +513,36 @@ def _swa_graph_padding(bs):
     return Pair(Side(None, refresh), Side(None, refresh, [fix]), "fix-off", "no graph: input fill only")
 
 
-# triton_swa_window (triton SWA decode window + 1): add its @row here once the fix lands.
+@row("triton_swa_window", "decode (Triton, a sliding and a full layer)")
+def _triton_swa_window(bs):
+    """Plain decode on a TritonAttnBackend (window WINDOW) over a hybrid pool, CUDA graphs on,
+    the graph state built and the step captured with the fix in (its window buffer holds
+    window + 1 keys per token). The fix's per-step work: its builders' window argument + 1.
+    Fix-off refreshes the same graph with sglang's window-key rail, so outputs differ by one
+    key per request by design (the fix's point), not compared."""
+    from graph_steps import prepare_capture
+
+    t = torch()
+    fix = hook("triton_swa_window").FIX
+    tb, pool, rtt, runner, ct = triton_parts(bs, 1)
+    lens = [n + 1 for n in LENGTHS[:bs]]  # the token being decoded included
+    with installed([fix]):
+        with triton_construction(ct) as tri:
+            backend = tri.TritonAttnBackend(runner)
+        batch = tb.make_forward_batch(runner, "decode", req_pool_indices=list(range(bs)), seq_lens=lens,
+                                      out_cache_loc=t.zeros(bs, dtype=t.int64), attn_backend=backend)
+        to_device(batch)
+        prepare_capture(backend, batch, 1)
+        layers = [layer(0, WINDOW), layer(1)]
+        q = t.randn(bs, HEADS * HEAD_DIM, device=DEVICE, dtype=t.bfloat16)
+        k = t.randn(bs, KV_HEADS, HEAD_DIM, device=DEVICE, dtype=t.bfloat16)
+        graph = capture(lambda: [backend.forward_decode(q, k, k, lay, batch, save_kv_cache=False)
+                                 for lay in layers])
+        refresh = replay_refresh(backend, batch, lens)
+        refresh()
+        t.cuda.synchronize()
+    return Pair(Side(graph, refresh), Side(graph, refresh, [fix]), "fix-off",
+                "fix-off: sglang's window-key rail in the same graph (outputs differ by design)")
 
 
 # ----------------------------------------------------------------------------- timing

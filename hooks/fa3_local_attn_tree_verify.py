@@ -45,6 +45,7 @@ from __future__ import annotations
 import logging
 import re
 
+from sglang_swa_plugin import graphed
 from sglang_swa_plugin.fa3_local import FA3_CLASS as CLASS, FA3_MODULE as MODULE, GRAPH_PARAMS, OUT_GRAPH
 from sglang_swa_plugin.fa3_local import arg, graph_targets, installed_graph_api, local_metadata_class
 from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, hookimpl
@@ -89,7 +90,8 @@ def _buffers(self, rows: int, device) -> dict:
     i32 = dict(dtype=torch.int32, device=device)
     return {"cu_q": torch.arange(rows + 1, **i32), "prefix_len": torch.zeros(rows, **i32),
             "prefix": torch.zeros(rows, c, **i32), "tree_len": torch.zeros(rows, **i32),
-            "tree_cu": torch.zeros(rows + 1, **i32), "tree": torch.zeros(rows, n, **i32)}
+            "tree_cu": torch.zeros(rows + 1, **i32), "tree": torch.zeros(rows, n, **i32),
+            "positions": torch.zeros(rows, dtype=torch.int64, device=device)}  # the step's, copied in
 
 
 def _bind(self, metadata, bufs: dict, rows: int) -> None:
@@ -153,7 +155,23 @@ def _step(self, metadata, expand, bs, req_pool_indices, seq_lens, positions, buf
     if bufs is None:  # eager: this step's own tensors
         bufs = _buffers(self, bs * int(self.speculative_num_draft_tokens), seq_lens.device)
         _bind(self, metadata, bufs, bs * int(self.speculative_num_draft_tokens))
-    _fill(self, bufs, bs, req_pool_indices, seq_lens, positions, metadata, expand)
+        _fill(self, bufs, bs, req_pool_indices, seq_lens, positions, metadata, expand)
+        return
+    _graph_fill(self, bufs, bs, req_pool_indices, seq_lens, positions, metadata, expand)
+
+
+def _graph_fill(self, bufs: dict, bs: int, req_pool_indices, seq_lens, positions, metadata, expand) -> None:
+    """A graph step's fill, replayed as one CUDA graph (``graphed``) over the static buffers:
+    the step's draft positions (a tensor of its own per step) are copied into ``bufs`` first."""
+    known = min(positions.numel(), bs * int(self.speculative_num_draft_tokens))
+    staged = bufs["positions"][:known]
+    staged.copy_(positions[:known])
+    pool = self.token_to_kv_pool
+    mapping = getattr(pool, "full_to_swa_index_mapping", None) if self.use_sliding_window_kv_pool else None
+    inputs = [seq_lens, req_pool_indices, staged, metadata.page_table, expand.page_table, expand.cache_seqlens_int32,
+              self.req_to_token, *bufs.values()] + ([mapping] if mapping is not None else [])
+    graphed.run(self, (NAME, bs, known, self.use_sliding_window_kv_pool),
+                lambda: _fill(self, bufs, bs, req_pool_indices, seq_lens, staged, metadata, expand), inputs)
 
 
 def _positions(forward_batch):

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import ast
 
+from sglang_swa_plugin import graphed
 from sglang_swa_plugin.fa3_local import FA3_CLASS as CLASS, FA3_MODULE as MODULE, GRAPH_CAPTURE as CAPTURE
 from sglang_swa_plugin.fa3_local import GRAPH_PARAMS, GRAPH_REPLAY as REPLAY, GRAPH_STATE as STATE, OUT_GRAPH
 from sglang_swa_plugin.fa3_local import arg as _arg, cdiv as _cdiv, graph_targets, installed_graph_api
@@ -109,12 +110,16 @@ def _bind(self, metadata, bs: int) -> None:
 def _fill(self, metadata, bs: int, prefix_lens) -> None:
     """Before a replay (and at capture): the step's virtual requests into the buffers, from
     the device lengths before the draft tokens; the rest empty. Device ops with fixed shapes
-    (``verify_local_batches``): no host-device sync in the replayed path."""
+    (``verify_local_batches``), replayed as one CUDA graph (``graphed``): no host-device sync
+    in the replayed path."""
     table = metadata.swa_page_table if self.use_sliding_window_kv_pool else metadata.page_table
     bufs = self.__dict__[BUFFERS]
-    verify_local_batches(self.attention_chunk_size, self.page_size, prefix_lens, self.speculative_num_draft_tokens,
-                         table, bs, _per_request(self), bufs["local_query_start_loc"], bufs["local_seqused_k"],
-                         bufs["local_block_table"])
+    q, k, blocks = bufs["local_query_start_loc"], bufs["local_seqused_k"], bufs["local_block_table"]
+    chunk, ps, n, per = (self.attention_chunk_size, self.page_size, int(self.speculative_num_draft_tokens),
+                         _per_request(self))
+    graphed.run(self, (NAME, bs, chunk, ps, n, per),
+                lambda: verify_local_batches(chunk, ps, prefix_lens, n, table, bs, per, q, k, blocks),
+                [prefix_lens, table, q, k, blocks])
 
 
 def _verify_topk1(self, forward_mode, spec_info) -> bool:

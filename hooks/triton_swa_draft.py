@@ -56,6 +56,7 @@ from __future__ import annotations
 import functools
 import inspect
 
+from sglang_swa_plugin import graphed
 from sglang_swa_plugin.fix import Detection, Fix, Verdict, hookimpl
 from sglang_swa_plugin.probe import (calls, function_text, function_tree, if_branches, optional_module, own_function,
                                      target_class)
@@ -129,7 +130,7 @@ def fill_window(self, lens, req_pool_indices, bs: int, out=None, plan=None, inde
         return fn(**{p.name: values[p.name] for p in params if p.name in values})
     # CUDA graph, a helper that translates through the pool itself (0.5.10-0.5.22): its slices
     # ``out[:window_kv_indptr[-1]]`` read the total on the host (two syncs per step); the
-    # gather is its, the translation is done here over ``bs * window`` slots instead.
+    # gather is its, the translation is done here over fixed shapes instead.
     values["token_to_kv_pool_allocator"] = values["token_to_kv_pool"] = None
     got = fn(**{p.name: values[p.name] for p in params if p.name in values})
     translate_window(self, got[0], bs, out)
@@ -138,14 +139,14 @@ def fill_window(self, lens, req_pool_indices, bs: int, out=None, plan=None, inde
 
 def translate_window(self, indptr, bs: int, out) -> None:
     """``out[:indptr[bs]]`` (full-pool ids) into SWA space through the pool's own
-    translation, over a fixed ``bs * window`` slots: no host-device sync; the slots past the
-    window rail are kept as they were."""
+    translation, over a fixed ``bs * (window + 1)`` slots: no host-device sync; the slots
+    past the window rail are kept as they were."""
     import torch
 
     state = _rail_state(self)
     if state["translate"] is None:
         return
-    n = min(bs * self.sliding_window_size, out.shape[0])
+    n = min(bs * (self.sliding_window_size + 1), out.shape[0])  # a rail keeps window + 1 keys with triton_swa_window
     ids = out[:n]
     keep = _slots(state, n, indptr) < indptr[bs]
     out[:n] = torch.where(keep, state["translate"](torch.where(keep, ids, 0)), ids)
@@ -196,22 +197,24 @@ def _translator(self):
     return None
 
 
-def _full_size(self) -> "int | None":
-    """How many full-pool slots the full->SWA mapping covers (None: no mapping found)."""
+def _mapping(self):
+    """The pool's full->SWA mapping (None: no mapping found)."""
     for obj in (getattr(self, "token_to_kv_pool", None), getattr(self, "token_to_kv_pool_allocator", None)):
         for o in (obj, getattr(obj, "_kvcache", None)):
             mapping = getattr(o, "full_to_swa_index_mapping", None)
             if mapping is not None:
-                return mapping.shape[0]
+                return mapping
     return None
 
 
 def _rail_state(self) -> dict:
     """What does not change on a backend between draft steps, looked up once: the pool's
-    full->SWA translation and the size of its mapping."""
+    full->SWA translation, its mapping and how many full-pool slots that covers."""
     state = self.__dict__.get(RAIL)
     if state is None:
-        state = self.__dict__[RAIL] = {"translate": _translator(self), "limit": _full_size(self), "slots": {}}
+        mapping = _mapping(self)
+        state = self.__dict__[RAIL] = {"translate": _translator(self), "mapping": mapping, "slots": {},
+                                       "limit": mapping.shape[0] if mapping is not None else None}
     return state
 
 
@@ -286,12 +289,24 @@ def _out_graph(original, self, forward_batch, *args, **kwargs):  # 0.5.13+: a dr
 
 def _refill_steps(self, forward_batch) -> None:
     """Replay: each step's window rail from the step's row of the multi-step rail buffers
-    (which sglang's own replay has just refilled), into that step backend's graph buffers."""
+    (which sglang's own replay has just refilled), into that step backend's graph buffers;
+    all steps' gathers replayed as one CUDA graph (``graphed``)."""
     bs = self.topk * forward_batch.batch_size
-    for i, backend in enumerate(self.attn_backends):
-        if _has_window(backend):
+    steps = [(i, b) for i, b in enumerate(self.attn_backends) if _has_window(b)]
+    if not steps:
+        return
+
+    def refill():
+        for i, backend in steps:
             window_of_rail(backend, self.kv_indptr[i, : bs + 1], self.cuda_graph_kv_indices[i], bs,
                            backend.window_kv_indptr, backend.cuda_graph_window_kv_indices)
+
+    inputs = [self.kv_indptr, self.cuda_graph_kv_indices]
+    for _, backend in steps:
+        mapping = _rail_state(backend)["mapping"]
+        inputs += [backend.window_kv_indptr, backend.cuda_graph_window_kv_indices]
+        inputs += [mapping] if mapping is not None else []
+    graphed.run(self, (NAME, bs, tuple(i for i, _ in steps)), refill, inputs)
 
 
 def _multi_replay(original, self, forward_batch, *args, **kwargs):  # 0.5.10-0.5.12

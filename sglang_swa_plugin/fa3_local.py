@@ -5,6 +5,7 @@ local-attention metadata, and the FA3 backend's CUDA-graph metadata API."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 from .probe import optional_module
@@ -54,6 +55,7 @@ def local_batches(chunk: int, cu_seqlens_q_np, seq_lens_np, page_table, page_siz
     return q[:-1], cu_q[:-1], k[:-1], blocks[:-1]
 
 
+@functools.lru_cache(maxsize=None)
 def kept_chunk(chunk: int, page_size: int) -> int:
     """The chunk ``local_batches`` splits by: as configured where the splitter preserves it;
     else the splitter's own rounding down to whole pages (``local_batches`` keeps the longest

@@ -1,0 +1,93 @@
+"""A fix's per-step device work replayed from a small CUDA graph of its own.
+
+The fixes' replay-time refreshes are fixed-shape device ops without host-device syncs, a few
+dozen torch calls each; on the host every call costs several µs, which is most of the step.
+``run(owner, key, fn, inputs)`` calls ``fn()`` eagerly the first time it sees ``key`` with these
+``inputs`` (the tensors ``fn`` reads or writes, as addresses, shapes and strides), captures it
+into a CUDA graph the second time and replays that graph from then on: one launch per step.
+The graph reads and writes the same memory ``fn`` would, so a replay is ``fn()`` as long as
+``inputs`` are the same tensors, which is checked at every call; a change of any of them runs
+``fn()`` eagerly again (and captures anew once they hold still). ``fn`` must depend on nothing
+but ``key`` and ``inputs`` (every Python value it uses is part of ``key``), leave its results in
+``inputs`` (nothing it allocates outlives the call) and cache nothing it allocates, except in
+its first, eager call. Off CUDA, or while a CUDA graph is being captured (the refresh is then
+part of that graph), ``fn()`` runs as it is. A capture that fails leaves ``key`` eager for good
+(logged once)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+from .log import logger
+
+ATTR = "_swa_plugin_graphed"  # on the owner (a backend): {key: Entry}
+MAX_CAPTURES = 4  # per key: inputs that keep moving stay eager
+_pools: dict = {}  # per device: one memory pool for all these graphs (they never run concurrently)
+_streams: dict = {}  # per device: the side stream captures run on
+
+
+@dataclass
+class Entry:
+    inputs: tuple
+    graph: Any = None
+    captures: int = 0
+    eager_only: bool = False
+
+
+def signature(tensors: Sequence) -> tuple:
+    return tuple((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in tensors)
+
+
+def _capturing() -> bool:
+    import torch
+
+    return torch.cuda.is_current_stream_capturing()
+
+
+def run(owner, key, fn: Callable[[], None], inputs: Sequence) -> None:
+    if not inputs[0].is_cuda or _capturing():
+        fn()
+        return
+    cache = owner.__dict__.setdefault(ATTR, {})
+    sig, entry = signature(inputs), cache.get(key)
+    if entry is None or entry.inputs != sig:
+        captures = entry.captures if entry is not None else 0
+        cache[key] = Entry(sig, captures=captures, eager_only=captures >= MAX_CAPTURES)
+        fn()
+        return
+    if entry.eager_only:
+        fn()
+        return
+    if entry.graph is None:
+        entry.captures += 1
+        entry.graph = _capture(fn, inputs[0].device, key)
+        if entry.graph is None:
+            entry.eager_only = True
+            fn()
+            return
+    entry.graph.replay()
+
+
+def _capture(fn: Callable[[], None], device, key) -> Optional[Any]:
+    import torch
+
+    if device not in _pools:
+        _pools[device] = torch.cuda.graph_pool_handle()
+        _streams[device] = torch.cuda.Stream(device=device)
+    graph, stream, current = torch.cuda.CUDAGraph(), _streams[device], torch.cuda.current_stream(device)
+    stream.wait_stream(current)
+    try:
+        with torch.cuda.stream(stream):
+            graph.capture_begin(pool=_pools[device], capture_error_mode="thread_local")
+            try:
+                fn()
+            finally:
+                graph.capture_end()
+    except Exception as e:  # noqa: BLE001 - the step still runs, eagerly
+        logger.warning("sglang-swa-plugin: %s: its per-step work could not be captured into a CUDA graph, it runs "
+                       "op by op: %s: %s", key[0] if isinstance(key, tuple) else key, type(e).__name__, e)
+        current.wait_stream(stream)
+        return None
+    current.wait_stream(stream)
+    return graph

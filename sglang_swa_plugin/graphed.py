@@ -22,8 +22,8 @@ from typing import Any, Callable, Optional, Sequence
 from .log import logger
 
 ATTR = "_swa_plugin_graphed"  # on the owner (a backend): {key: Entry}
+POOL = "_swa_plugin_graph_pool"  # on the owner: one memory pool for its graphs
 MAX_CAPTURES = 4  # per key: inputs that keep moving stay eager
-_pools: dict = {}  # per device: one memory pool for all these graphs (they never run concurrently)
 _streams: dict = {}  # per device: the side stream captures run on
 
 
@@ -61,7 +61,7 @@ def run(owner, key, fn: Callable[[], None], inputs: Sequence) -> None:
         return
     if entry.graph is None:
         entry.captures += 1
-        entry.graph = _capture(fn, inputs[0].device, key)
+        entry.graph = _capture(fn, inputs[0].device, key, owner)
         if entry.graph is None:
             entry.eager_only = True
             fn()
@@ -69,17 +69,22 @@ def run(owner, key, fn: Callable[[], None], inputs: Sequence) -> None:
     entry.graph.replay()
 
 
-def _capture(fn: Callable[[], None], device, key) -> Optional[Any]:
+def _capture(fn: Callable[[], None], device, key, owner) -> Optional[Any]:
+    """``fn`` captured on a side stream into a graph whose temporaries live in the owner's
+    pool: one owner's graphs replay one after the other on its stream and keep nothing in
+    the pool between replays, so they can share it."""
     import torch
 
-    if device not in _pools:
-        _pools[device] = torch.cuda.graph_pool_handle()
+    if device not in _streams:
         _streams[device] = torch.cuda.Stream(device=device)
+    pool = owner.__dict__.get(POOL)
+    if pool is None:
+        pool = owner.__dict__[POOL] = torch.cuda.graph_pool_handle()
     graph, stream, current = torch.cuda.CUDAGraph(), _streams[device], torch.cuda.current_stream(device)
     stream.wait_stream(current)
     try:
         with torch.cuda.stream(stream):
-            graph.capture_begin(pool=_pools[device], capture_error_mode="thread_local")
+            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
             try:
                 fn()
             finally:

@@ -40,7 +40,7 @@ class Graph:
 def harness(monkeypatch, fail=False):
     log = []
 
-    def capture(fn, device, key):
+    def capture(fn, device, key, owner):
         log.append("capture")
         if fail:
             return None

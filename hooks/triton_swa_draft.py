@@ -341,6 +341,21 @@ def _graph_prefix(self, mode, bs: int):
     return prefix_lens(self.kv_indptr[: bs + 1], bs, qo)
 
 
+def _graph_refill(self, key, lens_of, lens_inputs: list, req_pool_indices, bs: int, plan=None,
+                  index_table=None) -> None:
+    """``_graph_fill`` over ``lens_of()`` (device ops on ``lens_inputs``), replayed as one CUDA
+    graph (``graphed``) where every input is a tensor (0.5.23's plan objects: eager)."""
+    def fill():
+        _graph_fill(self, lens_of(), req_pool_indices, bs, plan=plan, index_table=index_table)
+
+    if plan is not None or index_table is not None or req_pool_indices is None:
+        fill()
+        return
+    inputs = [*lens_inputs, req_pool_indices, self.req_to_token, self.window_kv_indptr,
+              self.cuda_graph_window_kv_indices, self.cuda_graph_window_kv_offsets, _rail_state(self)["mapping"]]
+    graphed.run(self, (NAME, key, bs), fill, [t for t in inputs if t is not None])
+
+
 def _capture(original, self, *args, **kwargs):  # 0.5.10-0.5.12
     result = original(self, *args, **kwargs)
     a = _bound(original, (self, *args), kwargs)
@@ -360,7 +375,9 @@ def _replay(original, self, *args, **kwargs):  # 0.5.10-0.5.12
     a = _bound(original, (self, *args), kwargs)
     bs = a["bs"]
     if _draft_extend(a["forward_mode"]) and _has_window(self):
-        _graph_fill(self, _graph_prefix(self, a["forward_mode"], bs), a["req_pool_indices"], bs)
+        mode = a["forward_mode"]
+        _graph_refill(self, mode.name, lambda: _graph_prefix(self, mode, bs), [self.kv_indptr, self.qo_indptr],
+                      a["req_pool_indices"], bs)
     return result
 
 
@@ -368,8 +385,9 @@ def _fill(original, self, *args, **kwargs):  # 0.5.13+: capture and replay
     result = original(self, *args, **kwargs)
     if _has_window(self):
         a = _bound(original, (self, *args), kwargs)
-        _graph_fill(self, prefix_lens(result[1], a["bs"]), a.get("req_pool_indices"), a["bs"], plan=a.get("plan"),
-                    index_table=a.get("index_table"))
+        bs, kv_indptr = a["bs"], result[1]
+        _graph_refill(self, "extend", lambda: prefix_lens(kv_indptr, bs), [kv_indptr], a.get("req_pool_indices"), bs,
+                      plan=a.get("plan"), index_table=a.get("index_table"))
     return result
 
 

@@ -954,6 +954,9 @@ def scenario_llama4_exact(out, _target, _draft):
 BACKEND_ARGS = {"fa3": ["--attention-backend", "fa3"], "flashinfer": ["--attention-backend", "flashinfer"],
                 "triton": ["--attention-backend", "triton"],
                 "triton_nohy": ["--attention-backend", "triton", "--disable-hybrid-swa-memory"],
+                # every layer in effect full (window 4096 > any request): is a triton error a window one?
+                # (judged against the served rows of the same flags, not the window-16 reference)
+                "triton_wide": ["--attention-backend", "triton", "--json-model-override-args", '{"sliding_window": 4096}'],
                 # XQA decode on Hopper; sglang refuses trtllm_mha prefill on sm90 before 0.5.19
                 "trtllm_mha": ["--decode-attention-backend", "trtllm_mha", "--prefill-attention-backend", "fa3"]}
 

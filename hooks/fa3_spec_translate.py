@@ -40,6 +40,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, Optional
 
+from .. import graphed
 from ..fix import Detection, Fix, TargetMissing, hookimpl
 from ..patching import target_marked_by, without_wrappers_of
 from ..probe import optional_module, swapped
@@ -52,6 +53,7 @@ KERNEL = "prepare_swa_spec_page_table_triton"
 TARGET = f"{MODULE}.{CLASS}.{METHOD}"
 
 _SHIFT = 1000  # the probe's stand-in translation
+TABLES = "_swa_plugin_spec_tables"  # on the backend: the CUDA-graph path's translated tables
 
 
 def _translate_page_tables(original, self, metadata, metadata_expand, *args, **kwargs):
@@ -63,12 +65,45 @@ def _translate_page_tables(original, self, metadata, metadata_expand, *args, **k
 
     full_a, full_b = metadata.page_table, metadata_expand.page_table
     translate = self.token_to_kv_pool.translate_loc_from_full_to_swa
+    in_graph = (args[0] if args else kwargs.get("metadata_swa")) is not None  # the CUDA-graph metadata
     try:  # both assignments inside: a failing translation never leaves one table translated
-        metadata.page_table = translate(full_a).to(torch.int32)
-        metadata_expand.page_table = translate(full_b).to(torch.int32)
+        if in_graph:
+            metadata.page_table, metadata_expand.page_table = _graph_translation(self, full_a, full_b, translate)
+        else:
+            metadata.page_table = translate(full_a).to(torch.int32)
+            metadata_expand.page_table = translate(full_b).to(torch.int32)
         return original(self, metadata, metadata_expand, *args, **kwargs)
     finally:
         metadata.page_table, metadata_expand.page_table = full_a, full_b
+
+
+def _graph_translation(self, full_a, full_b, translate):
+    """CUDA-graph replays (static tables): the two translations written into views of two
+    int32 tables kept on the backend, replayed as one CUDA graph (``graphed``)."""
+    old = self.__dict__.get(TABLES, (None, None))
+    kept = self.__dict__[TABLES] = (_kept(old[0], full_a), _kept(old[1], full_b))
+    a, b = kept[0][: full_a.shape[0]], kept[1][: full_b.shape[0]]
+
+    def both():
+        a.copy_(translate(full_a))
+        b.copy_(translate(full_b))
+
+    mapping = getattr(self.token_to_kv_pool, "full_to_swa_index_mapping", None)
+    graphed.run(self, (NAME, full_a.shape[0], full_b.shape[0]), both,
+                [full_a, full_b, a, b] + ([mapping] if mapping is not None else []))
+    return a, b
+
+
+def _kept(old, full):
+    """``old`` where it can hold ``full`` (as wide, at least as tall), else an int32 table as
+    wide as ``full`` and as tall as the taller of the two."""
+    import torch
+
+    same_width = old is not None and old.shape[1:] == full.shape[1:]
+    if same_width and old.shape[0] >= full.shape[0]:
+        return old
+    rows = max(full.shape[0], old.shape[0] if same_width else 0)
+    return full.new_empty((rows, *full.shape[1:]), dtype=torch.int32)
 
 
 def kernel_inputs(mod: Any, call) -> Optional[dict]:

@@ -261,3 +261,44 @@ def test_check_scenario_reproduces_and_the_fix_corrects_it():
         if bug_without:
             with temporarily_installed(FIX):
                 assert not FIX.reproduce()
+
+
+def _graph_metadata(md, expand, bs: int):
+    """A batch of the first ``bs`` requests as sglang's CUDA-graph path hands it over: views
+    of the bench's tables, and a SWA spec metadata of static buffers (``metadata_swa``)."""
+    n = len(fa3_check.TREE)
+    small, small_expand, swa = MOD.FlashAttentionMetadata(), MOD.FlashAttentionMetadata(), MOD.FlashAttentionMetadata()
+    small.page_table, small.cache_seqlens_int32, small.max_seq_len_k = (md.page_table[:bs], md.cache_seqlens_int32[:bs],
+                                                                        md.max_seq_len_k)
+    small_expand.page_table = expand.page_table[: bs * n]
+    small_expand.cache_seqlens_int32 = expand.cache_seqlens_int32[: bs * n]
+    small_expand.cu_seqlens_q = expand.cu_seqlens_q[: bs * n + 1]
+    swa.page_table = torch.zeros(bs * n, md.max_seq_len_k + expand.page_table.shape[1], dtype=torch.int32)
+    swa.cache_seqlens_int32 = torch.zeros(bs * n, dtype=torch.int32)
+    swa.cu_seqlens_k = torch.zeros(bs * n + 1, dtype=torch.int32)
+    return small, small_expand, swa
+
+
+def test_graph_path_translates_into_kept_tables_as_the_eager_path_does():
+    """CUDA-graph replays (a ``metadata_swa`` of static buffers) translate into two int32
+    tables kept on the backend (views per batch size, grown for a larger batch): the kernel
+    gets what the eager path gives it, and the metadata keeps its full-pool tables."""
+    if UPSTREAM_FIXED:
+        pytest.skip("not needed: this sglang translates the tables itself")
+    bench = fa3_check.verify_bench()
+    run_verify(bench)
+    md, expand = bench.backend.forward_metadata, bench.backend.forward_metadata_spec_decode_expand
+    with sglang_alone():
+        original = getattr(BACKEND, fa3.METHOD)
+    be, bs_all = bench.backend, len(bench.prefixes)
+    for bs in (1, bs_all, 1, bs_all):  # the second bs 1 reuses the grown tables
+        small, small_expand, swa = _graph_metadata(md, expand, bs)
+        full_a, full_b = small.page_table, small_expand.page_table
+        eager = fa3.kernel_inputs(MOD, lambda: fa3._translate_page_tables(original, be, small, small_expand))
+        graph = fa3.kernel_inputs(MOD, lambda: fa3._translate_page_tables(original, be, small, small_expand, swa))
+        assert small.page_table is full_a and small_expand.page_table is full_b
+        for key in ("a", "b", "seq_len_a", "seq_len_b"):
+            assert graph[key].dtype == eager[key].dtype and torch.equal(graph[key], eager[key]), (bs, key)
+        kept = be.__dict__[fa3.TABLES]
+        assert kept[0].shape[0] >= bs and kept[0].dtype == torch.int32
+    assert kept[0].shape[0] == bs_all and kept[1].shape[0] == bs_all * len(fa3_check.TREE)

@@ -62,8 +62,8 @@ def run(owner, key, fn: Callable[[], None], inputs: Sequence) -> None:
     if entry.graph is None:
         entry.captures += 1
         entry.graph = _capture(fn, inputs[0].device, key, owner)
-        if entry.graph is None:
-            entry.eager_only = True
+        if entry.graph is None:  # for good, whatever the inputs later
+            entry.eager_only, entry.captures = True, MAX_CAPTURES
             fn()
             return
     entry.graph.replay()

@@ -97,6 +97,10 @@ def test_a_failed_capture_stays_eager(monkeypatch):
     for _ in range(4):
         graphed.run(owner, "k", fn, [a])
     assert log == ["eager", "capture", "eager", "eager", "eager"]
+    log.clear()
+    for moved in (FakeCuda(200), FakeCuda(200), FakeCuda(200)):  # other inputs: still no second try
+        graphed.run(owner, "k", fn, [moved])
+    assert log == ["eager"] * 3
 
 
 def test_off_cuda_and_inside_a_capture_the_work_runs_as_it_is(monkeypatch):

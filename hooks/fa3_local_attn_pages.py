@@ -48,7 +48,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from sglang_swa_plugin.patching import without_wrappers_of
-from sglang_swa_plugin.fix import Detection, Fix, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, around, hookimpl
 from sglang_swa_plugin.fa3_local import BUILDER_MODULE, FA3_MODULE as MODULE, local_batches, local_metadata_class
 from sglang_swa_plugin.probe import optional_module, swa_pool_class, target_class
 
@@ -212,10 +212,6 @@ def probe(cls: type, peel: bool = True) -> dict:
     return {"eager": eager == want_eager, "graph": int(bufs["local_block_table"][0, 0]) == want_graph}
 
 
-# The halves the last detection found right, for ``install`` (which runs right after it).
-_probed: dict = {}
-
-
 def classify() -> Detection:
     if optional_module(MODULE) is None:
         return Detection.not_applicable("this sglang has no FA3 backend module")
@@ -223,14 +219,14 @@ def classify() -> Detection:
         got = probe(target_class(CLASS))
     except Exception as e:  # noqa: BLE001
         return Detection.unknown(f"local-attention metadata could not be probed: {type(e).__name__}: {e}")
-    _probed.clear()
-    _probed.update(got)
     wrong = [half for half, ok in got.items() if not ok]
     if not wrong:
         return Detection.not_needed("chunked attention gets page ids of its own pool, eager and in CUDA graphs")
     what = {"eager": "the eager local block table holds token slots, not page ids (#32902)",
             "graph": "CUDA-graph decode pushes page ids through the token-slot full->SWA mapping (#38187)"}
-    return Detection.needed("; ".join(what[h] for h in wrong))
+    plan = {"eager": (around(EAGER, _eager_with_pages),),
+            "graph": (around(CAPTURE, _capture_chunk_wide), around(REPLAY, _replay_with_page_ids))}
+    return Detection.needed("; ".join(what[h] for h in wrong), *(hook for h in wrong for hook in plan[h]))
 
 
 class Fa3LocalAttnPagesFix(Fix):
@@ -244,15 +240,6 @@ class Fa3LocalAttnPagesFix(Fix):
 
     def detect(self) -> Detection:
         return classify()
-
-    def install(self, hooks) -> None:
-        if not _probed:
-            classify()
-        if not _probed.get("eager", False):
-            hooks.around(EAGER, _eager_with_pages)
-        if not _probed.get("graph", False):
-            hooks.around(CAPTURE, _capture_chunk_wide)
-            hooks.around(REPLAY, _replay_with_page_ids)
 
 
 FIX = Fa3LocalAttnPagesFix()

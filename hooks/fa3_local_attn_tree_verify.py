@@ -45,9 +45,9 @@ from __future__ import annotations
 import logging
 import re
 
-from sglang_swa_plugin.fa3_local import FA3_CLASS as CLASS, FA3_MODULE as MODULE, GRAPH_PARAMS, OUT_GRAPH
-from sglang_swa_plugin.fa3_local import arg, graph_targets, installed_graph_api, local_metadata_class
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, hookimpl
+from sglang_swa_plugin.fa3_local import FA3_CLASS as CLASS, FA3_MODULE as MODULE, GRAPH_CAPTURE, GRAPH_PARAMS
+from sglang_swa_plugin.fa3_local import GRAPH_REPLAY, GRAPH_STATE, OUT_GRAPH, graph_api, local_metadata_class
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl
 from sglang_swa_plugin.probe import function_text, optional_module, own_function, target_class
 
 logger = logging.getLogger("sglang.srt.plugins.swa_plugin")
@@ -188,29 +188,29 @@ def _graph_step(self, bs, req_pool_indices, seq_lens, positions, in_capture) -> 
           bufs=bufs)
 
 
-def _capture(original, self, bs, *args, **kwargs):
-    # (bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info)
-    result = original(self, bs, *args, **kwargs)
-    if _tree_verify(self, arg(args, kwargs, 4, "forward_mode")):
-        _graph_step(self, bs, arg(args, kwargs, 1, "req_pool_indices"), arg(args, kwargs, 2, "seq_lens"),
-                    getattr(arg(args, kwargs, 5, "spec_info"), "positions", None), True)
-    return result
+def _graph_hook(in_capture: bool):
+    """The AROUND hook of the capture (``in_capture``) or replay metadata method (up to 0.5.12)."""
+
+    def hook(original, self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        a = lambda name: argument(original, name, args, kwargs)  # noqa: E731
+        if _tree_verify(self, a("forward_mode")):
+            _graph_step(self, a("bs"), a("req_pool_indices"), a("seq_lens"),
+                        getattr(a("spec_info"), "positions", None), in_capture)
+        return result
+
+    return hook
 
 
-def _replay(original, self, bs, *args, **kwargs):
-    # (bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu)
-    result = original(self, bs, *args, **kwargs)
-    if _tree_verify(self, arg(args, kwargs, 4, "forward_mode")):
-        _graph_step(self, bs, arg(args, kwargs, 0, "req_pool_indices"), arg(args, kwargs, 1, "seq_lens"),
-                    getattr(arg(args, kwargs, 5, "spec_info"), "positions", None), False)
-    return result
+_capture, _replay = _graph_hook(True), _graph_hook(False)
 
 
-def _out_graph(original, self, forward_batch, *args, **kwargs):
-    result = original(self, forward_batch, *args, **kwargs)
+def _out_graph(original, self, *args, **kwargs):
+    result = original(self, *args, **kwargs)
+    forward_batch = argument(original, "forward_batch", args, kwargs)
     if _tree_verify(self, forward_batch.forward_mode):
         _graph_step(self, forward_batch.batch_size, forward_batch.req_pool_indices, forward_batch.seq_lens,
-                    _positions(forward_batch), bool(arg(args, kwargs, 0, "in_capture")))
+                    _positions(forward_batch), bool(argument(original, "in_capture", args, kwargs)))
     return result
 
 
@@ -247,18 +247,23 @@ def _statement(text: str, name: str) -> str:
 def classify() -> Detection:
     if optional_module(MODULE) is None:
         return Detection.not_applicable("this sglang has no FA3 backend module")
-    forward_extend = own_function(target_class(CLASS), "forward_extend")
+    cls = target_class(CLASS)
+    forward_extend = own_function(cls, "forward_extend")
     if forward_extend is None:
         raise TargetMissing(FORWARD)
     text = function_text(forward_extend)
     cascade = _statement(text, "use_cascade_attn")
     if not cascade or SHARED_EXPAND not in text or "local_attn_metadata" not in text:
-        return Detection.unknown(f"target moved: {FORWARD} has no cascade verify over {SHARED_EXPAND} or no "
-                                 "local-attention path")
+        return Detection.target_moved(f"target moved: {FORWARD} has no cascade verify over {SHARED_EXPAND} or no "
+                                      "local-attention path")
+    # The CUDA-graph metadata API changed in 0.5.13 (init_forward_metadata_out_graph).
+    graph = ((around(OUT_GRAPH, _out_graph),) if graph_api(cls) == "out_graph"
+             else (around(GRAPH_CAPTURE, _capture), around(GRAPH_REPLAY, _replay)))
+    plan = (around(EAGER, _eager), around(FORWARD, _chunked_layers_own_tree), around(GRAPH_STATE, _state), *graph)
     if re.search(r"local|irope", cascade):
-        return Detection.not_needed("chunked (local) layers leave the topk > 1 cascade verify")
+        return Detection.not_needed("chunked (local) layers leave the topk > 1 cascade verify", *plan)
     return Detection.needed("chunked (local) layers take the topk > 1 cascade verify with the whole prefix and the "
-                            "shared tree table, in the full pool's slots")
+                            "shared tree table, in the full pool's slots", *plan)
 
 
 class Fa3LocalAttnTreeVerifyFix(Fix):
@@ -269,23 +274,10 @@ class Fa3LocalAttnTreeVerifyFix(Fix):
     target_params = {**GRAPH_PARAMS, EAGER: ("self", "forward_batch"),
                      FORWARD: ("self", "q", "k", "v", "layer", "forward_batch")}
 
-    @property
-    def targets(self):  # the CUDA-graph metadata API changed in 0.5.13
-        return (EAGER, FORWARD) + graph_targets()
+    targets = (EAGER, FORWARD, GRAPH_STATE, GRAPH_CAPTURE, GRAPH_REPLAY, OUT_GRAPH)
 
     def detect(self) -> Detection:
         return classify()
-
-    def install(self, hooks) -> None:
-        hooks.around(EAGER, _eager)
-        hooks.around(FORWARD, _chunked_layers_own_tree)
-        state, *graph = graph_targets()
-        hooks.around(state, _state)
-        if installed_graph_api() == "out_graph":
-            hooks.around(OUT_GRAPH, _out_graph)
-        else:
-            hooks.around(graph[0], _capture)
-            hooks.around(graph[1], _replay)
 
 
 FIX = Fa3LocalAttnTreeVerifyFix()

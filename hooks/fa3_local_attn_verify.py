@@ -51,9 +51,8 @@ import ast
 
 from sglang_swa_plugin.fa3_local import FA3_CLASS as CLASS, FA3_MODULE as MODULE, GRAPH_CAPTURE as CAPTURE
 from sglang_swa_plugin.fa3_local import GRAPH_PARAMS, GRAPH_REPLAY as REPLAY, GRAPH_STATE as STATE, OUT_GRAPH
-from sglang_swa_plugin.fa3_local import arg as _arg, cdiv as _cdiv, graph_targets, installed_graph_api
-from sglang_swa_plugin.fa3_local import local_batches, local_metadata_class
-from sglang_swa_plugin.fix import Detection, Fix, hookimpl
+from sglang_swa_plugin.fa3_local import cdiv as _cdiv, graph_api, local_batches, local_metadata_class
+from sglang_swa_plugin.fix import Detection, Fix, argument, around, hookimpl
 from sglang_swa_plugin.probe import callee, if_branches, optional_module, own_function, target_class
 
 NAME = "fa3_local_attn_verify"
@@ -137,31 +136,33 @@ def _verify_topk1(self, forward_mode, spec_info) -> bool:
             and (self.topk or 0) <= 1 and getattr(spec_info, "ragged_verify_layout", None) is None)
 
 
-def _capture_with_local(original, self, bs, *args, **kwargs):
-    # (bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info)
-    result = original(self, bs, *args, **kwargs)
-    if _verify_topk1(self, _arg(args, kwargs, 4, "forward_mode"), _arg(args, kwargs, 5, "spec_info")):
+def _capture_with_local(original, self, *args, **kwargs):
+    result = original(self, *args, **kwargs)
+    a = lambda name: argument(original, name, args, kwargs)  # noqa: E731
+    if _verify_topk1(self, a("forward_mode"), a("spec_info")):
+        bs = a("bs")
         metadata = self.target_verify_metadata[bs]
         _bind(self, metadata, bs)
-        _fill(self, metadata, bs, _arg(args, kwargs, 2, "seq_lens").cpu().numpy())  # capture: a sync is fine
+        _fill(self, metadata, bs, a("seq_lens").cpu().numpy())  # capture: a sync is fine
     return result
 
 
-def _replay_with_local(original, self, bs, *args, **kwargs):
-    # (bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu, ...)
-    result = original(self, bs, *args, **kwargs)
-    if _verify_topk1(self, _arg(args, kwargs, 4, "forward_mode"), _arg(args, kwargs, 5, "spec_info")):
-        host = _arg(args, kwargs, 6, "seq_lens_cpu")
+def _replay_with_local(original, self, *args, **kwargs):
+    result = original(self, *args, **kwargs)
+    a = lambda name: argument(original, name, args, kwargs)  # noqa: E731
+    if _verify_topk1(self, a("forward_mode"), a("spec_info")):
+        bs, host = a("bs"), a("seq_lens_cpu")
         if host is None:  # as sglang's own local-attention replay: one copy of the lengths
-            host = _arg(args, kwargs, 1, "seq_lens")[:bs].cpu()
+            host = a("seq_lens")[:bs].cpu()
         _fill(self, self.target_verify_metadata[bs], bs, host.numpy())
     return result
 
 
-def _out_graph_with_local(original, self, forward_batch, *args, **kwargs):
-    result = original(self, forward_batch, *args, **kwargs)
+def _out_graph_with_local(original, self, *args, **kwargs):
+    result = original(self, *args, **kwargs)
+    forward_batch = argument(original, "forward_batch", args, kwargs)
     if _verify_topk1(self, forward_batch.forward_mode, forward_batch.spec_info):
-        bs, in_capture = forward_batch.batch_size, bool(_arg(args, kwargs, 0, "in_capture"))
+        bs, in_capture = forward_batch.batch_size, bool(argument(original, "in_capture", args, kwargs))
         metadata = self.target_verify_metadata[bs]
         host = None if in_capture else getattr(forward_batch, "seq_lens_cpu", None)
         if in_capture or metadata.local_attn_metadata is None:
@@ -194,12 +195,17 @@ def classify() -> Detection:
         return Detection.not_applicable("this sglang has no FA3 backend module")
     try:
         cls = target_class(CLASS)
-        if verify_builds_local(cls):
-            return Detection.not_needed("CUDA-graph target verify builds local-attention metadata")
+        builds_local = verify_builds_local(cls)
     except Exception as e:  # noqa: BLE001
         return Detection.unknown(f"the FA3 CUDA-graph metadata methods could not be read: {type(e).__name__}: {e}")
+    # The CUDA-graph metadata API changed in 0.5.13 (init_forward_metadata_out_graph).
+    graph = ((around(OUT_GRAPH, _out_graph_with_local),) if graph_api(cls) == "out_graph"
+             else (around(CAPTURE, _capture_with_local), around(REPLAY, _replay_with_local)))
+    plan = (around(STATE, _state_with_verify_buffers), *graph)
+    if builds_local:
+        return Detection.not_needed("CUDA-graph target verify builds local-attention metadata", *plan)
     return Detection.needed("CUDA-graph target verify builds no local-attention metadata: chunked layers attend "
-                            "over the whole context through the full-pool page table")
+                            "over the whole context through the full-pool page table", *plan)
 
 
 class Fa3LocalAttnVerifyFix(Fix):
@@ -208,22 +214,11 @@ class Fa3LocalAttnVerifyFix(Fix):
     upstream_prs = ()
     check_module = "sglang_swa_plugin.check.fa3_local_attn_verify"
 
-    @property
-    def targets(self):  # the CUDA-graph metadata API changed in 0.5.13
-        return graph_targets()
-
+    targets = (STATE, CAPTURE, REPLAY, OUT_GRAPH)
     target_params = GRAPH_PARAMS
 
     def detect(self) -> Detection:
         return classify()
-
-    def install(self, hooks) -> None:
-        hooks.around(STATE, _state_with_verify_buffers)
-        if installed_graph_api() == "out_graph":
-            hooks.around(OUT_GRAPH, _out_graph_with_local)
-        else:
-            hooks.around(CAPTURE, _capture_with_local)
-            hooks.around(REPLAY, _replay_with_local)
 
 
 FIX = Fa3LocalAttnVerifyFix()

@@ -40,8 +40,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from ..fix import Detection, Fix, TargetMissing, hookimpl
-from ..patching import target_marked_by, without_wrappers_of
+from ..fix import Detection, Fix, TargetMissing, around, hookimpl
+from ..patching import without_wrappers_of
 from ..probe import optional_module, swapped
 
 NAME = "fa3_spec_translate"
@@ -142,12 +142,7 @@ class FA3SpecTranslateFix(Fix):
     check_module = "sglang_swa_plugin.check.fa3_spec_translate"
 
     def detect(self) -> Detection:
-        return classify()
-
-    def install(self, hooks) -> None:
-        if target_marked_by(TARGET) == self.name:
-            return  # already in effect here (a second wrapper would translate twice)
-        hooks.around(TARGET, _translate_page_tables)
+        return classify().with_plan(around(TARGET, _translate_page_tables))
 
 
 

@@ -87,7 +87,7 @@ import re
 import threading
 from typing import Any, Optional
 
-from sglang_swa_plugin.fix import Detection, Fix, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, argument, around, has_parameter, hookimpl, with_argument
 from sglang_swa_plugin.probe import compact, normalized_source, optional_module, own_function, target_class
 
 logger = logging.getLogger("sglang.srt.plugins.swa_plugin")
@@ -126,56 +126,11 @@ def is_eagle_verify(spec_info: Any) -> bool:
             and getattr(spec_info, "custom_mask", None) is not None)
 
 
-class _Params:
-    """Where each parameter of a hooked function sits (positional index counting ``self``,
-    default), resolved once per function: the hot path reads args/kwargs directly."""
-
-    __slots__ = ("pos", "default", "names")
-
-    def __init__(self, fn):
-        self.pos, self.default = {}, {}
-        params = inspect.signature(fn).parameters
-        self.names = frozenset(params)
-        for i, p in enumerate(params.values()):
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-                self.pos[p.name] = i
-            if p.default is not p.empty:
-                self.default[p.name] = p.default
-
-    def has(self, name) -> bool:
-        return name in self.names
-
-    def get(self, name, args, kwargs):
-        """``args`` includes ``self``."""
-        i = self.pos.get(name)
-        if i is not None and i < len(args):
-            return args[i]
-        return kwargs.get(name, self.default.get(name))
-
-    def call_with(self, fn, args, kwargs, name, value):
-        """``fn(*args, **kwargs)`` with argument ``name`` replaced by ``value``."""
-        i = self.pos.get(name)
-        if i is not None and i < len(args):
-            return fn(*args[:i], value, *args[i + 1:], **kwargs)
-        return fn(*args, **{**kwargs, name: value})
-
-
-_PARAMS: dict = {}
-
-
-def _params(fn) -> _Params:
-    p = _PARAMS.get(fn)
-    if p is None:
-        p = _PARAMS[fn] = _Params(fn)
-    return p
-
-
 def _update_sliding_window(original, self, *args, **kwargs):
     """A verify batch's None ``prefix_lens`` is ``seq_lens`` (the crash form subtracts it)."""
-    p = _params(original)
-    full = (self,) + args
-    if p.get("prefix_lens", full, kwargs) is None and is_eagle_verify(p.get("spec_info", full, kwargs)):
-        return p.call_with(original, full, kwargs, "prefix_lens", p.get("seq_lens", full, kwargs))
+    a = lambda name: argument(original, name, args, kwargs)  # noqa: E731
+    if a("prefix_lens") is None and is_eagle_verify(a("spec_info")):
+        args, kwargs = with_argument(original, "prefix_lens", a("seq_lens"), args, kwargs)
     return original(self, *args, **kwargs)
 
 
@@ -201,12 +156,11 @@ def own_mask_buffer(backend, wrapper, draft_token_num: int, window: int):
 
 
 def _call_begin_forward(original, self, *args, **kwargs):
-    p = _params(original)
-    full = (self,) + args
-    spec_info, start = p.get("spec_info", full, kwargs), p.get("kv_start_idx", full, kwargs)
-    if start is None or not is_eagle_verify(spec_info) or not _is_window_wrapper(self, p.get("kv_indptr", full, kwargs)):
+    a = lambda name: argument(original, name, args, kwargs)  # noqa: E731
+    spec_info, start = a("spec_info"), a("kv_start_idx")
+    if start is None or not is_eagle_verify(spec_info) or not _is_window_wrapper(self, a("kv_indptr")):
         return original(self, *args, **kwargs)
-    wrapper = p.get("wrapper_paged", full, kwargs)
+    wrapper = a("wrapper_paged")
     shared = getattr(self.attn_backend, "cuda_graph_custom_mask", None)
     if shared is not None and getattr(wrapper, "_custom_mask_buf", None) is shared:
         wrapper._custom_mask_buf = own_mask_buffer(self.attn_backend, wrapper, spec_info.draft_token_num,
@@ -416,17 +370,16 @@ def _generate_attn_arg_prefill(original, self, *args, **kwargs):
     if active is None:
         return original(self, *args, **kwargs)
     _active.window = None  # one builder call per plan
-    p = _params(original)
-    full = (self,) + args
-    if p.has("req_to_token"):  # classic form: the builder gathers from req_to_token itself
-        return _windowed_args(self, p.get("req_pool_indices", full, kwargs), p.get("paged_kernel_lens", full, kwargs),
-                              p.get("paged_kernel_lens_sum", full, kwargs), p.get("req_to_token", full, kwargs), *active)
+    a = lambda name: argument(original, name, args, kwargs)  # noqa: E731
+    if has_parameter(original, "req_to_token"):  # classic form: the builder gathers from req_to_token itself
+        return _windowed_args(self, a("req_pool_indices"), a("paged_kernel_lens"), a("paged_kernel_lens_sum"),
+                              a("req_to_token"), *active)
     # KV-index-translator form (0.5.22+): sglang's builder, its gather started at the window
     start, window = active
-    translator = _ReadFromStart(p.get("translator", full, kwargs), start)
-    kv_indices, kv_indptr, qo_indptr, _ = p.call_with(original, full, kwargs, "translator", translator)
-    return kv_indices, kv_indptr, qo_indptr, _mask(self, p.get("paged_kernel_lens", full, kwargs),
-                                                   p.get("paged_kernel_lens_sum", full, kwargs), start, window)
+    args, kwargs = with_argument(original, "translator", _ReadFromStart(a("translator"), start), args, kwargs)
+    kv_indices, kv_indptr, qo_indptr, _ = original(self, *args, **kwargs)
+    return kv_indices, kv_indptr, qo_indptr, _mask(self, a("paged_kernel_lens"), a("paged_kernel_lens_sum"), start,
+                                                   window)
 
 
 # ---------------------------------------------------------------------------- detection
@@ -488,12 +441,8 @@ class FlashinferSwaVerifyFix(Fix):
     check_module = "sglang_swa_plugin.check.flashinfer_swa_verify"
 
     def detect(self) -> Detection:
-        return classify()
-
-    def install(self, hooks) -> None:
-        hooks.around(UPDATE_SW, _update_sliding_window)
-        hooks.around(BEGIN, _call_begin_forward)
-        hooks.around(VERIFY_ARGS, _generate_attn_arg_prefill)
+        return classify().with_plan(around(UPDATE_SW, _update_sliding_window), around(BEGIN, _call_begin_forward),
+                                    around(VERIFY_ARGS, _generate_attn_arg_prefill))
 
 
 FIX = FlashinferSwaVerifyFix()

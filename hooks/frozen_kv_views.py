@@ -63,7 +63,7 @@ import sys
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from ..fix import Detection, Fix, TargetMissing, hookimpl
+from ..fix import Detection, Fix, TargetMissing, around, hookimpl
 from ..probe import function_tree, optional_module, swa_allocator_class, swa_pool_class
 from ..trtllm_mha import MODULE as TRTLLM
 
@@ -274,13 +274,15 @@ def classify() -> Detection:
     got = views_follow(utils, s.target_pool, s.runner.token_to_kv_pool, cached)
     if None in got.values():
         return Detection.unknown(f"{', '.join(n for n, v in got.items() if v is None)} swaps in no target pool")
+    plan = (*(around(view, _around_view) for view in VIEWS), around(RUNNER_INIT, _around_runner_init),
+            around(capture_target(), _around_capture))  # the capture method was renamed in 0.5.14
     if all(got.values()):
         return Detection.not_needed(
             f"inside both views the draft backend's SWA pool is the target SWAKVPool ({how} "
-            "takes it from the shared allocator for a FROZEN_KV draft)")
+            "takes it from the shared allocator for a FROZEN_KV draft)", *plan)
     return Detection.needed(
         f"{how} gives a FROZEN_KV draft SWA pool {cached!r}, but the views swap in the target "
-        "SWAKVPool: SWA layers would read full-pool page indices")
+        "SWAKVPool: SWA layers would read full-pool page indices", *plan)
 
 
 class FrozenKVViewsFix(Fix):
@@ -289,24 +291,12 @@ class FrozenKVViewsFix(Fix):
     upstream_prs = ("fork PR#6", "#26531", "#26966", "#27491")
     check_module = "sglang_swa_plugin.check.frozen_kv_views"
 
-    @property
-    def targets(self):  # the capture method was renamed in 0.5.14
-        return VIEWS + (RUNNER_INIT, capture_target())
-
-    @property
-    def target_params(self):
-        return {**{v: ("forward_batch", "kv_context") for v in VIEWS},
-                RUNNER_INIT: ("self", "frozen_kv_mtp_worker"), capture_target(): ("self",)}
+    targets = VIEWS + (RUNNER_INIT,) + tuple(f"{RUNNER}.{name}" for name in CAPTURE_METHODS)
+    target_params = {**{v: ("forward_batch", "kv_context") for v in VIEWS}, RUNNER_INIT: ("self", "frozen_kv_mtp_worker"),
+                     **{f"{RUNNER}.{name}": ("self",) for name in CAPTURE_METHODS}}
 
     def detect(self) -> Detection:
         return classify()
-
-    def install(self, hooks) -> None:
-        swa_pool_class()
-        for view in VIEWS:
-            hooks.around(view, _around_view)
-        hooks.around(RUNNER_INIT, _around_runner_init)
-        hooks.around(capture_target(), _around_capture)
 
 
 FIX = FrozenKVViewsFix()

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import re
 
-from sglang_swa_plugin.fix import Detection, Fix, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, around, hookimpl
 from sglang_swa_plugin.probe import function_text, optional_module, own_function
 
 NAME = "swa_graph_padding"
@@ -79,10 +79,7 @@ class SwaGraphPaddingFix(Fix):
     check_module = "sglang_swa_plugin.check.swa_graph_padding"
 
     def detect(self) -> Detection:
-        return classify()
-
-    def install(self, hooks) -> None:
-        hooks.around(TARGET, _clear_padded_swa_locs)
+        return classify().with_plan(around(TARGET, _clear_padded_swa_locs))
 
 
 FIX = SwaGraphPaddingFix()

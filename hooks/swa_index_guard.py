@@ -66,7 +66,7 @@ import functools
 import threading
 from typing import Any, Callable
 
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, hookimpl, split_target
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl, split_target
 from sglang_swa_plugin.probe import compact, normalized_source, optional_module
 from sglang_swa_plugin.trtllm_mha import CLASS as TRT_CLASS, MODULE as TRT_MODULE
 
@@ -216,8 +216,8 @@ def fa3_forward_hook(form: str) -> Callable:
     wrapped for the duration of the call)."""
 
     def guard_forward(original, self, *args, **kwargs):
-        layer = args[3] if len(args) > 3 else kwargs.get("layer")
-        forward_batch = args[4] if len(args) > 4 else kwargs.get("forward_batch")
+        layer = argument(original, "layer", args, kwargs)
+        forward_batch = argument(original, "forward_batch", args, kwargs)
         pools = (getattr(forward_batch, "token_to_kv_pool", None), getattr(self, "token_to_kv_pool", None))
         if layer is None or not is_swa_layer(layer, *pools):
             return original(self, *args, **kwargs)
@@ -257,14 +257,23 @@ def classify() -> Detection:
     found = present_backends()
     if not found:
         return Detection.not_applicable("this sglang has neither a trtllm_mha nor an fa3 backend")
-    return Detection.needed("guard requested: checks SWA-layer indices of " + ", ".join(sorted(found)))
+    plan = []
+    if "trtllm_mha" in found:
+        page_table, cache_loc = trtllm_hooks(found["trtllm_mha"])
+        plan += [around(TRT_PAGE_TABLE, page_table), around(TRT_CACHE_LOC, cache_loc)]
+    if "fa3" in found:
+        forward = fa3_forward_hook(found["fa3"])
+        plan += [around(FA3_EXTEND, forward), around(FA3_DECODE, forward)]
+        if found["fa3"] == "module":
+            plan.append(around(FA3_KERNEL, guard_fa3_kernel))
+    return Detection.needed("guard requested: checks SWA-layer indices of " + ", ".join(sorted(found)), *plan)
 
 
 class SwaIndexGuard(Fix):
     name = "swa_index_guard"
     summary = "opt-in: device-side check that SWA-layer page tables and KV-write locations stay inside the KV pool they index"
     upstream_prs = ()
-    targets = (TRT_PAGE_TABLE, TRT_CACHE_LOC, FA3_EXTEND, FA3_DECODE)
+    targets = (TRT_PAGE_TABLE, TRT_CACHE_LOC, FA3_EXTEND, FA3_DECODE, FA3_KERNEL)
     target_params = {
         TRT_PAGE_TABLE: ("self", "layer", "forward_batch"),
         TRT_CACHE_LOC: ("self", "layer"),
@@ -276,19 +285,6 @@ class SwaIndexGuard(Fix):
 
     def detect(self) -> Detection:
         return classify()
-
-    def install(self, hooks) -> None:
-        found = present_backends()
-        if "trtllm_mha" in found:
-            page_table, cache_loc = trtllm_hooks(found["trtllm_mha"])
-            hooks.around(TRT_PAGE_TABLE, page_table)
-            hooks.around(TRT_CACHE_LOC, cache_loc)
-        if "fa3" in found:
-            forward = fa3_forward_hook(found["fa3"])
-            hooks.around(FA3_EXTEND, forward)
-            hooks.around(FA3_DECODE, forward)
-            if found["fa3"] == "module":
-                hooks.around(FA3_KERNEL, guard_fa3_kernel)
 
 
 FIX = SwaIndexGuard()

@@ -64,7 +64,7 @@ import ast
 import inspect
 from typing import Any, Callable, Sequence
 
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl
 from sglang_swa_plugin.probe import callee, function_text, if_branches, optional_module, own_function, swapped
 from sglang_swa_plugin.trtllm_mha import (FORWARD_EXTEND as TARGET, FORWARD_EXTEND_PARAMS, MODULE, V2_TEST, Reading,
                                           backend_class, reading, routes_v2_to_decode, syntax, tests_v2,
@@ -83,7 +83,7 @@ def _context_mode(forward_mode: Any) -> Any:
 
 def _v2_to_context_kernel(original: Callable, self: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND ``forward_extend(self, q, k, v, layer, forward_batch, ...)``."""
-    forward_batch = args[4] if len(args) > 4 else kwargs["forward_batch"]
+    forward_batch = argument(original, "forward_batch", args, kwargs)
     mode = forward_batch.forward_mode
     if not mode.is_draft_extend_v2():
         return original(self, *args, **kwargs)
@@ -170,10 +170,7 @@ class TrtllmExtendRoutingFix(Fix):
     check_module = "sglang_swa_plugin.check.trtllm_extend_routing"
 
     def detect(self) -> Detection:
-        return classify()
-
-    def install(self, hooks) -> None:
-        hooks.around(TARGET, _v2_to_context_kernel)
+        return classify().with_plan(around(TARGET, _v2_to_context_kernel))
 
 
 FIX = TrtllmExtendRoutingFix()

@@ -59,7 +59,7 @@ import re
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from sglang_swa_plugin.fix import Detection, Fix, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, argument, around, hookimpl
 from sglang_swa_plugin.probe import (compact, normalized_source, optional_module, own_function, swa_allocator_class,
                                      swa_pool_class)
 from sglang_swa_plugin.trtllm_mha import CLASS, MODULE, backend_class
@@ -95,7 +95,7 @@ def resolve_swa_kv_pool(model_runner: Any) -> Optional[Any]:
 
 
 def _init_with_final_rule(original, self, *args, **kwargs):
-    model_runner = args[0] if args else kwargs["model_runner"]
+    model_runner = argument(original, "model_runner", args, kwargs)
     try:
         pool = resolve_swa_kv_pool(model_runner)
     except Exception as e:  # noqa: BLE001 - an odd runner: leave sglang's own behaviour
@@ -175,10 +175,7 @@ class TrtllmSwaPoolFix(Fix):
     check_module = "sglang_swa_plugin.check.trtllm_swa_pool"
 
     def detect(self) -> Detection:
-        return classify()
-
-    def install(self, hooks) -> None:
-        hooks.around(INIT, _init_with_final_rule)
+        return classify().with_plan(around(INIT, _init_with_final_rule))
 
 
 FIX = TrtllmSwaPoolFix()

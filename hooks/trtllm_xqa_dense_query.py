@@ -26,8 +26,7 @@ import ast
 import re
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, hookimpl
-from sglang_swa_plugin.patching import target_marks
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, around, hookimpl
 from sglang_swa_plugin.probe import callee, compact, function_text, optional_module, own_function, swapped
 from sglang_swa_plugin.trtllm_mha import (DECODE_KERNELS, FORWARD_DECODE, FORWARD_DECODE_PARAMS, MODULE, XQA_FLAG,
                                           ModuleView, backend_class, flashinfer_view, reading, syntax,
@@ -212,17 +211,6 @@ def _dense_argument(call: Any) -> bool:
     return any(kw.arg == "query" and "contiguous" in _chain(kw.value)[1] for kw in call.keywords)
 
 
-def needed_methods() -> Dict[str, str]:
-    """{method: why} for the methods that need the hook (TargetMissing if one is gone)."""
-    cls = backend_class()
-    out = {}
-    for method in TARGETS:
-        needed, why = method_verdict(cls, method)
-        if needed:
-            out[method] = why
-    return out
-
-
 def classify() -> Detection:
     if optional_module(MODULE) is None:
         return Detection.not_applicable("this sglang has no trtllm_mha backend")
@@ -235,8 +223,9 @@ def classify() -> Detection:
     if unknown:
         return Detection.unknown("; ".join(unknown))
     needed = [why for needed, why in verdicts if needed]
-    if needed:
-        return Detection.needed("; ".join(needed))
+    if needed:  # the hook goes on the methods that need it
+        return Detection.needed("; ".join(needed), *(around(TARGETS[m], _dense_query)
+                                                     for m, (n, _) in zip(TARGETS, verdicts) if n))
     return Detection.not_needed("; ".join(why for _, why in verdicts))
 
 
@@ -250,11 +239,6 @@ class TrtllmXqaDenseQueryFix(Fix):
 
     def detect(self) -> Detection:
         return classify()
-
-    def install(self, hooks) -> None:
-        for method in needed_methods():
-            if NAME not in target_marks(TARGETS[method]):  # already in effect (a second load)
-                hooks.around(TARGETS[method], _dense_query)
 
 
 FIX = TrtllmXqaDenseQueryFix()

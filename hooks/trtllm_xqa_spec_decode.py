@@ -88,7 +88,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl
 from sglang_swa_plugin.probe import callee, optional_module, own_function, swapped
 from sglang_swa_plugin.trtllm_mha import (CLASS, DECODE_KERNELS, FORWARD_EXTEND as TARGET, FORWARD_EXTEND_PARAMS,
                                           MODULE, V2_TEST, XQA_FLAG, ModuleView, Reading, backend_class, flashinfer_view,
@@ -236,15 +236,14 @@ def _xqa_multi_token(v2_decode: bool) -> Callable:
     so showing it as TARGET_VERIFY keeps the kernel and the metadata."""
 
     def hook(original: Callable, self: Any, *args: Any, **kwargs: Any) -> Any:
-        forward_batch = args[4] if len(args) > 4 else kwargs["forward_batch"]
+        forward_batch = argument(original, "forward_batch", args, kwargs)
         mode = forward_batch.forward_mode
         verify = mode.is_target_verify()
         if not getattr(self, XQA_FLAG, False) or not (verify or mode.is_draft_extend_v2()):
             return original(self, *args, **kwargs)
         mod, view = flashinfer_view(self, "_swa_plugin_xqa_flashinfer", lambda fi: _masking_flashinfer(
             fi, self.__dict__.setdefault("_swa_plugin_xqa_state", _XqaState())))
-        q = args[0] if args else kwargs["q"]
-        layer = args[3] if len(args) > 3 else kwargs["layer"]
+        q, layer = argument(original, "q", args, kwargs), argument(original, "layer", args, kwargs)
         self._swa_plugin_xqa_state.layer_id = layer.layer_id
         shown = mode
         if not verify and v2_decode and _uniform(q, forward_batch, self.forward_metadata) and not _encoder_only(layer):
@@ -331,9 +330,10 @@ def classify() -> Detection:
             reasons.append("an FP8 KV cache makes the multi-token query FP8 for XQA too")
         elif v2_decode and r.has(test, "call", TARGET_VERIFY_TEST) and not _covers_v2(r, test, tree):
             reasons.append("DRAFT_EXTEND_V2 gets an FP8 query on XQA (bf16 is kept for TARGET_VERIFY only)")
+    plan = around(TARGET, _xqa_multi_token(v2_decode))
     if reasons:
-        return Detection.needed("; ".join(dict.fromkeys(reasons)))
-    return Detection.not_needed(f"{modes} XQA with the spec-decode mask and a bf16 query")
+        return Detection.needed("; ".join(dict.fromkeys(reasons)), plan)
+    return Detection.not_needed(f"{modes} XQA with the spec-decode mask and a bf16 query", plan)
 
 
 class TrtllmXqaSpecDecodeFix(Fix):
@@ -346,10 +346,6 @@ class TrtllmXqaSpecDecodeFix(Fix):
 
     def detect(self) -> Detection:
         return classify()
-
-    def install(self, hooks) -> None:
-        forward_extend = own_function(backend_class(), "forward_extend")
-        hooks.around(TARGET, _xqa_multi_token(bool(routes_v2_to_decode(forward_extend))))
 
 
 FIX = TrtllmXqaSpecDecodeFix()

@@ -66,8 +66,8 @@ from typing import Any, Callable, Sequence
 
 from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl
 from sglang_swa_plugin.probe import callee, function_text, if_branches, optional_module, own_function, swapped
-from sglang_swa_plugin.trtllm_mha import (FORWARD_EXTEND as TARGET, FORWARD_EXTEND_PARAMS, MODULE, V2_TEST, Reading,
-                                          backend_class, reading, routes_v2_to_decode, syntax, tests_v2,
+from sglang_swa_plugin.trtllm_mha import (FORWARD_EXTEND as TARGET, FORWARD_EXTEND_PARAMS, MODULE, V2_TEST, has,
+                                          backend_class, routes_v2_to_decode, syntax, tests_v2,
                                           v2_branches)
 
 
@@ -94,16 +94,16 @@ def _v2_to_context_kernel(original: Callable, self: Any, *args: Any, **kwargs: A
 # ---------------------------------------------------------------------------- detection
 
 
-def _ragged(r: Reading, body: Sequence[ast.AST]) -> bool:
+def _ragged(body: Sequence[ast.AST]) -> bool:
     """The branch builds query offsets from the accepted lengths: a cumsum over
     ``num_accept_tokens`` (directly or through a local assigned from it)."""
-    if not any(r.has(stmt, "call", "cumsum") for stmt in body):
+    if not any(has(stmt, "call", "cumsum") for stmt in body):
         return False
     nodes = [n for stmt in body for n in ast.walk(stmt)]
-    accept = frozenset(t.id for n in nodes if isinstance(n, ast.Assign) and r.has(n.value, "attr", "num_accept_tokens")
+    accept = frozenset(t.id for n in nodes if isinstance(n, ast.Assign) and has(n.value, "attr", "num_accept_tokens")
                        for t in n.targets if isinstance(t, ast.Name))
     return any(isinstance(n, ast.Call) and callee(n) == "cumsum"
-               and (r.has(n, "attr", "num_accept_tokens") or r.has(n, "name", *accept)) for n in nodes)
+               and (has(n, "attr", "num_accept_tokens") or has(n, "name", *accept)) for n in nodes)
 
 
 def uniform_v2_metadata(cls: type) -> bool:
@@ -132,7 +132,7 @@ def uniform_v2_metadata(cls: type) -> bool:
         tree = syntax(raw)
         bodies = list(v2_branches(tree))
         found = found or bool(bodies)
-        if may_be_ragged and any(_ragged(reading(tree), body) for body in bodies):
+        if may_be_ragged and any(_ragged(body) for body in bodies):
             return False
     return found
 

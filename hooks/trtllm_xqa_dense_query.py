@@ -27,9 +27,9 @@ import re
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, around, hookimpl
-from sglang_swa_plugin.probe import callee, compact, function_text, optional_module, own_function, swapped
+from sglang_swa_plugin.probe import callee, compact, function_text, nodes, optional_module, own_function, swapped
 from sglang_swa_plugin.trtllm_mha import (DECODE_KERNELS, FORWARD_DECODE, FORWARD_DECODE_PARAMS, MODULE, XQA_FLAG,
-                                          ModuleView, backend_class, flashinfer_view, reading, syntax,
+                                          ModuleView, backend_class, flashinfer_view, syntax,
                                           with_decode_entry)
 
 NAME = "trtllm_xqa_dense_query"
@@ -181,7 +181,7 @@ def _body_indent(text: str) -> int:
 def tree_verdict(method: str, tree: Any, xqa_flags: Callable[[], frozenset]) -> Tuple[Optional[bool], str]:
     """``method_verdict`` on a method's syntax tree; ``xqa_flags()``: the attributes that are
     true exactly on XQA hardware (read from ``__init__`` only when a guard needs them)."""
-    walked = reading(tree).nodes  # one walk per tree, shared with the other trtllm_mha fixes
+    walked = nodes(tree)
     shapes = _query_shapes(walked)
     if not shapes:
         return None, f"{method}: no `q = q.reshape/view(...)` of the query found"

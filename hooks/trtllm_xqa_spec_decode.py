@@ -91,8 +91,8 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl
 from sglang_swa_plugin.probe import callee, optional_module, own_function, swapped
 from sglang_swa_plugin.trtllm_mha import (CLASS, DECODE_KERNELS, FORWARD_EXTEND as TARGET, FORWARD_EXTEND_PARAMS,
-                                          MODULE, V2_TEST, XQA_FLAG, ModuleView, Reading, backend_class, flashinfer_view,
-                                          reading, routes_v2_to_decode, syntax, v2_flags, with_decode_entry)
+                                          MODULE, V2_TEST, XQA_FLAG, ModuleView, backend_class, flashinfer_view, has,
+                                          nodes, routes_v2_to_decode, tests_v2, syntax, v2_flags, with_decode_entry)
 
 TARGET_VERIFY_TEST = "is_target_verify"
 
@@ -262,19 +262,19 @@ def _encoder_only(layer: Any) -> bool:
 # ---------------------------------------------------------------------------- detection
 
 
-def _mask_values(r: Reading) -> List[Any]:
+def _mask_values(tree: Any) -> List[Any]:
     """Expressions passed as ``mask=`` to decode-kernel calls, with a local name resolved to
     the expressions assigned to it."""
     import ast
 
     assigned: Dict[str, List[Any]] = {}
-    for node in r.nodes:
+    for node in nodes(tree):
         if isinstance(node, ast.Assign):
             for t in node.targets:
                 if isinstance(t, ast.Name):
                     assigned.setdefault(t.id, []).append(node.value)
     values = []
-    for node in r.nodes:
+    for node in nodes(tree):
         if isinstance(node, ast.Call) and callee(node) in DECODE_KERNELS:
             for kw in node.keywords:
                 if kw.arg == "mask":
@@ -283,24 +283,24 @@ def _mask_values(r: Reading) -> List[Any]:
     return values
 
 
-def _fp8_query_tests(r: Reading) -> List[Any]:
+def _fp8_query_tests(tree: Any) -> List[Any]:
     """Conditions under which ``forward_extend`` makes the query FP8 for an FP8 KV cache:
     tests mentioning ``data_type`` of ``if``s whose body converts to ``float8_e4m3fn``, and
     ``force_fp8=`` arguments (0.5.14's ``_maybe_quantize_q`` keeps bf16 for XQA unless forced)."""
     import ast
 
     tests = []
-    for node in r.nodes:
-        if (isinstance(node, ast.If) and r.has(node.test, "attr", "data_type")
-                and any(r.has(s, "attr", "float8_e4m3fn") for s in node.body)):
+    for node in nodes(tree):
+        if (isinstance(node, ast.If) and has(node.test, "attr", "data_type")
+                and any(has(s, "attr", "float8_e4m3fn") for s in node.body)):
             tests.append((node.test, False))
         if isinstance(node, ast.keyword) and node.arg == "force_fp8":
             tests.append((node.value, True))
     return tests
 
 
-def _covers_v2(r: Reading, test: Any, tree: Any) -> bool:
-    return r.has(test, "name", *v2_flags(tree)) or r.has(test, "call", V2_TEST)
+def _covers_v2(test: Any, tree: Any) -> bool:
+    return has(test, "name", *v2_flags(tree)) or has(test, "call", V2_TEST)
 
 
 def classify() -> Detection:
@@ -317,18 +317,17 @@ def classify() -> Detection:
         return Detection.unknown(f"source of TRTLLMHAAttnBackend unreadable: {type(e).__name__}: {e}")
     if v2_decode is None:
         return Detection.unknown("forward_extend calls no decode kernel: routing not recognised")
-    r = reading(tree)
     modes = "TARGET_VERIFY and DRAFT_EXTEND_V2 reach" if v2_decode else "TARGET_VERIFY reaches"
     reasons = []
-    masks = _mask_values(r)
+    masks = _mask_values(tree)
     if not masks:
         reasons.append(f"{modes} the XQA decode kernel with no spec-decode mask")
-    elif v2_decode and all(r.has(m, "call", TARGET_VERIFY_TEST) and not r.tests_v2(m) for m in masks):
+    elif v2_decode and all(has(m, "call", TARGET_VERIFY_TEST) and not tests_v2(m) for m in masks):
         reasons.append("the spec-decode mask is passed for TARGET_VERIFY only, not DRAFT_EXTEND_V2")
-    for test, forced in _fp8_query_tests(r):
-        if not forced and not r.has(test, "attr", XQA_FLAG):
+    for test, forced in _fp8_query_tests(tree):
+        if not forced and not has(test, "attr", XQA_FLAG):
             reasons.append("an FP8 KV cache makes the multi-token query FP8 for XQA too")
-        elif v2_decode and r.has(test, "call", TARGET_VERIFY_TEST) and not _covers_v2(r, test, tree):
+        elif v2_decode and has(test, "call", TARGET_VERIFY_TEST) and not _covers_v2(test, tree):
             reasons.append("DRAFT_EXTEND_V2 gets an FP8 query on XQA (bf16 is kept for TARGET_VERIFY only)")
     plan = around(TARGET, _xqa_multi_token(v2_decode))
     if reasons:

@@ -1,44 +1,20 @@
 """fa3_local_attn_pages: FA3 chunked (Llama 4 "local") attention gets page ids, in the right pool.
 
 Bug
-    Llama 4's chunked layers (``use_irope``) are the SWA-pool layers of sglang's hybrid pool.
-    FA3 gives them a block table of chunk-aligned "virtual" requests, built by
-    ``make_local_attention_virtual_batches`` from a page table whose columns must be pages
-    and whose values must be page ids of the layer's own pool. With ``--page-size`` > 1:
-    - CUDA-graph decode (``_maybe_update_local_attn_metadata_for_replay``): the decode graph
-      metadata already holds PAGE ids (and ``swa_page_table`` the same table in the SWA pool),
-      but on the hybrid pool the method pushes the full-pool page ids through
-      ``translate_loc_from_full_to_swa``, a TOKEN-slot mapping, and slices the page table by
-      tokens: the chunked layers read unrelated SWA pages, or past the SWA buffer (CUDA
-      illegal memory access under concurrent decode).
-    - eager (``_maybe_init_local_attn_metadata``: prefill, and topk-1 target verify): the
-      metadata holds one TOKEN slot per column and it is handed over as if it were a page
-      table (no stride, no division by the page size), on either pool.
-    - both shrink the chunk to ``min(chunk, longest sequence)`` rounded down to the page
-      size, so with short requests a sequence's chunk starts at the wrong token.
-    This module backports upstream's final form: eager, translate the token table (hybrid
-    pool), keep one column per page and divide by the page size; CUDA graphs, read
-    ``swa_page_table`` (hybrid pool) or ``page_table`` as they are, sliced by pages; the
-    chunk size is kept as configured; the capture-time view of the block table is as wide
-    as a chunk's pages, as upstream captures it. Page size 1 is left to sglang (its tables
-    are the same in token and page space there).
-
+    With ``--page-size`` > 1 FA3's local-attention block table is wrong: eager, token slots
+    handed over as page ids; CUDA-graph decode, page ids pushed through the token-slot
+    full->SWA mapping (wrong pages, or past the SWA buffer); both shrink the chunk to the
+    longest sequence. Fix: upstream's final form, per half (page ids of the layer's pool,
+    chunk kept, capture view one chunk wide). Page size 1 is left to sglang.
 Upstream PRs
-    #32902 (eager page ids, chunk size kept; 0.5.20), #37733 and #38187
-    (``LocalAttentionMetadataBuilder._graph_page_table``: the CUDA-graph half; 0.5.22).
-
+    #32902 (eager, 0.5.20), #37733 and #38187 (CUDA-graph half, 0.5.22).
 Affected versions
-    0.5.10-0.5.19: eager and CUDA-graph halves. 0.5.20 and 0.5.21: the CUDA-graph half.
-    0.5.22 and later: neither (nothing is installed).
+    0.5.10-0.5.19: both halves; 0.5.20 and 0.5.21: the CUDA-graph half.
     Status by release: applied 0.5.10-0.5.21; not needed 0.5.22+.
-
 Detection
-    Behavioural, on CPU: the installed methods (or, where they moved, upstream's
-    ``LocalAttentionMetadataBuilder``) are run on a stand-in backend with page size 16,
-    chunk 32, and a real ``SWAKVPool`` mapping whose full and SWA pages differ; the block
-    table they build is compared with the SWA pages of the request's chunks, per half. A
-    half that misses them is needed; both right: not needed. Anything else: unknown.
-
+    Behaviour on CPU: the installed methods (or ``LocalAttentionMetadataBuilder``) build a
+    block table on a stand-in (page 16, chunk 32, a real ``SWAKVPool``); per half, wrong
+    pages: that half's hooks are in the plan.
 Delete when
     The oldest supported sglang is 0.5.22 or later.
 """

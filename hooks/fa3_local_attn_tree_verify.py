@@ -1,43 +1,21 @@
 """fa3_local_attn_tree_verify: FA3 chunked (Llama 4 "local") layers keep their chunk in tree (topk > 1) target verify.
 
 Bug
-    With ``--speculative-eagle-topk`` > 1, FA3 verifies the draft tree by cascade attention:
-    part 1 gives every draft token the request's whole prefix (``metadata.page_table``,
-    non-causal), part 2 its ancestors in the tree (``forward_metadata_spec_decode_expand``,
-    one table for all layers), merged by their softmax statistics. Sliding-window layers leave
-    the cascade; Llama 4's chunked layers (window -1) do not, and no topk > 1 verify path
-    builds their local-attention metadata (eager, CUDA-graph capture and replay). So a chunked
-    layer attends over the whole context instead of its chunk, and on the hybrid pool it reads
-    both tables' full-pool token slots in its SWA buffer. Greedy output is wrong from the first
-    tokens (H100, sglang 0.5.11, page size 1, CUDA graphs on: 0/32 identical to plain decode).
-    This module gives the chunked layers their own two parts, computed on the device from
-    sglang's own tables of the step (no host sync, fixed shapes, so CUDA-graph capture binds
-    them and a replay refills them): part 1, each draft token's prefix from its chunk's start
-    (as one-query local-attention requests, ``metadata.local_attn_metadata``); part 2, its
-    ancestors from its chunk's start (sglang's tree table filtered by position); both in the
-    layer's own pool. The chunked layers read part 2 through a swap of
-    ``forward_metadata_spec_decode_expand`` around their ``forward_extend`` call; every other
-    layer keeps sglang's. Page size 1 only: sglang itself stops topk > 1 with page size > 1 on
-    these models (one warning at CUDA-graph set-up names any other case).
-
+    topk > 1 verify is cascade attention (whole prefix, then the tree's shared table);
+    chunked layers take it with no local-attention metadata: they attend over the whole
+    context, in full-pool slots. Fix: the chunked layers get their own two parts, computed
+    on the device (no sync, graph-safe) from the chunk's start, swapped in around their
+    ``forward_extend``. Page size 1 only (sglang stops topk > 1 otherwise).
 Upstream PRs
-    None (no upstream report; sglang's own TODO marks Llama 4 EAGLE as untested).
-
+    None (sglang's own TODO marks Llama 4 EAGLE as untested).
 Affected versions
-    0.5.10-0.5.23: every release sends chunked layers through the topk > 1 cascade with the
-    shared tree table and builds them no local-attention metadata there.
+    0.5.10-0.5.23: chunked layers take the cascade with the shared tree table.
     Status by release: applied 0.5.10+.
-
 Detection
-    Structural, on the installed ``FlashAttentionBackend.forward_extend`` (its text): needed
-    when its ``use_cascade_attn`` condition names no local attention (chunked layers take the
-    cascade) and the cascade's part 2 reads ``forward_metadata_spec_decode_expand``; not
-    needed when the condition leaves local layers out. No FA3 module: not applicable; no
-    local-attention path in ``forward_extend``: target moved.
-
+    Text of ``forward_extend``: its ``use_cascade_attn`` condition names no local attention:
+    needed; it does: not needed; no cascade or local path: target moved.
 Delete when
-    sglang's topk > 1 verify keeps chunked layers in their chunk (detection then says not
-    needed on every supported release).
+    sglang's topk > 1 verify keeps chunked layers in their chunk.
 """
 
 from __future__ import annotations

@@ -1,48 +1,21 @@
 """fa3_local_attn_verify: FA3 chunked (Llama 4 "local") layers keep their chunk in CUDA-graph target verify.
 
 Bug
-    Llama 4's chunked layers (``use_irope``, ``sliding_window_size`` -1) are the SWA-pool
-    layers of sglang's hybrid pool. FA3 builds their local-attention metadata (chunk-aligned
-    "virtual" requests, SWA-pool page ids) for prefill, plain decode and eager topk-1 target
-    verify, but the CUDA-graph TARGET_VERIFY metadata (capture and replay) carries none
-    (sglang: "TODO: we need to test this part for llama 4 eagle case"). In every EAGLE/EAGLE3
-    verify under CUDA graphs the chunked layers then attend over the whole context, causal,
-    through ``metadata.page_table``: full-pool page ids, read in the SWA buffer on the hybrid
-    pool. Greedy output diverges from plain decode at the first tokens (H100, sglang 0.5.11:
-    0/32 identical at page 1 and 16, on the hybrid and on one pool; graphs off: 32/32).
-    This module gives the verify graph its own static local-attention buffers (as many
-    virtual requests as a verify step can make: ``bs * (1 + cdiv(draft_tokens - 1, chunk))``,
-    one chunk of pages each), binds the metadata's ``local_attn_metadata`` to views of them at
-    capture and refills them before each replay with sglang's own splitter over the verify
-    page table of the layer's own pool (``swa_page_table`` on the hybrid pool, page ids at
-    every page size), from the host copy of the sequence lengths sglang's replay already
-    has; unused virtual requests get no query tokens and no keys. Eager topk-1 verify
-    already builds the metadata (page size > 1: with ``fa3_local_attn_pages``).
-    ``--speculative-eagle-topk`` > 1 (cascade verify) is ``fa3_local_attn_tree_verify``'s.
-    Not covered: verify steps whose requests carry different numbers of draft tokens (ragged
-    layouts), which keep sglang's metadata.
-
+    FA3's CUDA-graph TARGET_VERIFY metadata carries no local-attention metadata, so with
+    EAGLE under CUDA graphs chunked layers attend over the whole context through full-pool
+    pages: wrong greedy output from the first tokens. Fix: static local-attention buffers
+    for the verify graphs, bound at capture, refilled before each replay by sglang's own
+    splitter over the layer's pool's page table. topk > 1: fa3_local_attn_tree_verify.
 Upstream PRs
-    None (no upstream report; sglang's own TODO marks the path as untested).
-
+    None (sglang's own TODO marks the path as untested).
 Affected versions
-    0.5.10-0.5.23: no release builds local-attention metadata for CUDA-graph target verify.
-    The capture/replay API up to 0.5.12, ``init_forward_metadata_out_graph`` from 0.5.13
-    (0.5.18+: no host lengths on the sync-free path; the hook then copies the lengths once,
-    as sglang's own local-attention decode replay does). 0.5.23's metadata runs Triton
-    kernels, so its graph path is exercised on the GPU only.
+    0.5.10-0.5.23 (capture/replay API up to 0.5.12, ``init_forward_metadata_out_graph`` after).
     Status by release: applied 0.5.10+.
-
 Detection
-    Structural: the installed FA3 backend's CUDA-graph metadata methods (capture/replay up to
-    0.5.12, ``init_forward_metadata_out_graph`` and the helpers it calls from 0.5.13) are
-    parsed; a target-verify branch that calls local-attention metadata code (a name with
-    ``local_attn``, or the builder's ``build_for_capture``/``update_for_replay``) means not
-    needed; none: needed. No FA3 module: not applicable.
-
+    Syntax tree of the CUDA-graph metadata methods: a target-verify branch that calls
+    local-attention code: not needed; none: needed. The plan follows the graph API.
 Delete when
-    sglang builds local-attention metadata for TARGET_VERIFY under CUDA graphs (detection
-    then says not needed on every supported release).
+    sglang builds local-attention metadata for CUDA-graph TARGET_VERIFY.
 """
 
 from __future__ import annotations

@@ -1,57 +1,22 @@
 """FROZEN_KV MTP: the draft backend's SWA state follows the target pool the views swap in.
 
 Bug
-    A FROZEN_KV MTP draft (Gemma 4 assistant) owns no KV of its own: it reads the target's
-    KV. ``frozen_kv_mtp_utils.frozen_kv_target_view`` and ``target_kv_pool_view`` swap the
-    target's ``SWAKVPool`` in for the draft's own (full-only) pool, and
-    ``FrozenKVMTPCudaGraphRunner`` does the same swap by hand around graph capture. A
-    trtllm_mha backend caches its SWA state (``_swa_kv_pool``, ``use_sliding_window_kv_pool``,
-    from 0.5.23 ``_swa_full_to_swa_mapping``) at construction. When that state was taken
-    from the draft's own non-SWA pool (#25103's pool-only rule: ``None``/``False``), the
-    swapped-in pool and the cached state disagree: SWA layers (remapped to the target's SWA
-    layers) get full-pool page indices, and the sm100 sliding-window kernel reads past the
-    SWA cache (illegal memory access). The CUDA-graph SWA page-table buffers are not even
-    allocated, since ``init_cuda_graph_state`` runs before capture, outside any view.
-    The fix (fork PR#6, three parts) is rebuilt here as hooks:
-      1. both views: while the target pool is swapped in, the backend's SWA state describes
-         it, and is restored exactly on exit (also on an exception, also when views nest);
-      2. the graph runner's construction (``FrozenKVMTPCudaGraphRunner.__init__``, which
-         calls ``init_cuda_graph_state`` and then captures): the same, so the backend's own
-         ``init_cuda_graph_state`` allocates the SWA page-table (and SWA write-location)
-         buffers whenever the target pool has sliding-window layers, before any capture;
-      3. each capture (``capture_one_batch_size``, ``capture_one_shape`` from 0.5.14),
-         whose manual pool swap leaves the SWA state alone: the same again.
-    Per draft step the hook costs a few attribute reads and writes: no tensor work, no
-    host-device sync.
-
+    ``frozen_kv_target_view``/``target_kv_pool_view`` and the FROZEN_KV graph runner swap the
+    target ``SWAKVPool`` in; a trtllm_mha backend whose SWA state came from the draft's own
+    pool (#25103's rule) gives SWA layers full-pool pages (illegal memory access). Fix (fork
+    PR#6): around both views, the runner's construction and each capture, the backend's SWA
+    state describes the swapped-in pool and is restored after.
 Upstream PRs
-    Fork PR#6 (pyc96/sglang, "swap SWA-aware state with target pool"), #26531 (closed,
-    per-call swap). Upstream's equivalent is #26966 + #27491: the backend resolves the
-    target ``SWAKVPool`` from the shared allocator for FROZEN_KV drafts at construction.
-
+    Fork PR#6 (pyc96/sglang), #26531 (closed); upstream's equivalent: #26966 + #27491.
 Affected versions
-    No release: 0.5.10 and 0.5.11 have no FROZEN_KV MTP (not applicable); 0.5.12 resolves
-    the pool from the shared allocator (allocator-type rule); 0.5.13 and later through
-    ``_resolve_swa_kv_pool``. Builds carrying #25103 without #27491 are affected, as is
-    any backend whose SWA state is taken from the draft's own pool.
+    No release: 0.5.10-0.5.11 have no FROZEN_KV MTP; later releases resolve the pool from
+    the shared allocator. Builds carrying #25103 without #27491 are affected.
     Status by release: not applicable 0.5.10-0.5.11; not needed 0.5.12+.
-
 Detection
-    Behavioural, on stand-ins (no backend is built at start-up): the installed trtllm_mha
-    backend's own SWA resolution (``_resolve_swa_kv_pool`` where it exists, else the
-    constructor's statements that set the SWA state, executed) is run for a FROZEN_KV
-    draft runner (own full-only pool, the target's SWA allocator); a backend carrying that
-    state then enters each installed view with a real ``FrozenKVMTPContext``. Inside every
-    view the backend's SWA pool is the swapped-in target ``SWAKVPool``: not needed (0.5.12
-    through its allocator rule, 0.5.13+ through the resolver). Otherwise: needed. No
-    ``frozen_kv_mtp_utils`` or no trtllm_mha: not applicable. A view that swaps in no pool:
-    unknown. The ``check`` scenario does the same with real objects: a real draft backend,
-    inside each real view, must give its SWA layer SWA-space pages inside the SWA pool.
-
+    The backend's own SWA resolution runs for a FROZEN_KV draft on stand-ins, then each view
+    is entered: the target SWAKVPool inside every view: not needed; else needed.
 Delete when
-    Never needed by a release; delete once the oldest supported sglang resolves the
-    FROZEN_KV draft's SWA pool from the allocator (0.5.12 and later all do) and no
-    supported build carries #25103 without #27491.
+    No supported build carries #25103 without #27491.
 """
 
 from __future__ import annotations

@@ -1,52 +1,20 @@
 """triton_swa_draft: Triton speculative drafts with sliding-window layers get window KV indices.
 
 Bug
-    MiMo-V2.x and Step3.5 MTP drafts (sglang's ``MiMoV2MTP`` and ``Step3p5MTP``: one
-    sliding-window attention layer on a hybrid SWA pool) run on the draft runner's
-    ``TritonAttnBackend``: draft extend (every EAGLE worker; multi-layer EAGLE, which sglang
-    turns on for ``--speculative-algorithm EAGLE``, runs nothing else) and, with ``NEXTN`` and
-    more than one step, the multi-step draft decode (``TritonMultiStepDraftBackend``). Their
-    sliding layers read ``forward_metadata.window_kv_indices``, which these paths never build:
-    - draft-extend CUDA graphs (DRAFT_EXTEND / DRAFT_EXTEND_V2 capture and replay):
-      0.5.10-0.5.12's capture/replay branch, from 0.5.13 ``_update_draft_extend_buffers``,
-      fill only the full-pool rail; ``_build_cuda_graph_forward_metadata`` hard-codes
-      ``window_kv_indices=None``;
-    - eager DRAFT_EXTEND (the non-overlap worker, 0.5.10-0.5.13): its own branch builds none;
-    - multi-step draft decode, eager and CUDA graphs: the per-step rail comes from spec_info,
-      with no window rail.
-    The kernels then get ``kv_indices=None``: a Triton compile error at CUDA-graph capture
-    (server start) or on the first draft step; a stale window buffer reads foreign slots, past
-    the SWA pool where it is smaller than the full pool (intermittent illegal memory access).
-    This module backports 0.5.23's form: a sliding layer reads the last ``sliding_window_size``
-    keys of the rail the full layers get, in SWA space. Draft extend: built by the installed
-    release's own ``update_sliding_window_buffer`` (its CUDA-graph variant where it has one)
-    into the backend's CUDA-graph window buffers, the captured metadata pointing at them.
-    Draft decode: each step's window is gathered from the step's full rail (torch ops of fixed
-    shape, translated through the pool's full->SWA mapping) into the step backend's window
-    buffers at capture, refilled after sglang's own multi-step replay.
-
+    MiMo-V2.x and Step3.5 MTP drafts run their sliding layer on ``TritonAttnBackend``, whose
+    draft-extend CUDA graphs, eager DRAFT_EXTEND and multi-step draft decode build no
+    ``window_kv_indices``: a Triton compile error at capture, or foreign slots read. Fix, as
+    0.5.23: the last ``sliding_window_size`` keys of the full rail, in SWA space, built by
+    sglang's own window helper (draft extend) or gathered per step (draft decode).
 Upstream PRs
-    #29858, #24481, the Triton half of #22679 (0.5.23: ``_update_draft_extend_buffers``
-    calls ``update_sliding_window_buffer``; the graph metadata uses the window buffers; the
-    multi-step backend builds a per-step window rail).
-
+    #29858, #24481, the Triton half of #22679.
 Affected versions
-    0.5.10-0.5.12: draft-extend graphs, eager DRAFT_EXTEND, multi-step draft decode. 0.5.13:
-    the same, in the ``_update_draft_extend_buffers`` form. 0.5.14-0.5.22: draft-extend graphs
-    and multi-step draft decode (eager draft extend runs as EXTEND, which builds its window).
-    0.5.23 and later: none.
+    0.5.10-0.5.13: all three halves; 0.5.14-0.5.22: graphs and multi-step decode.
     Status by release: applied 0.5.10-0.5.22; not needed 0.5.23+.
-
 Detection
-    Structural, on the installed ``TritonAttnBackend``: the draft-extend graph half is needed
-    where ``_update_draft_extend_buffers`` (0.5.13+) or, before it, the draft-extend branch of
-    ``init_forward_metadata_capture_cuda_graph`` calls no ``update_sliding_window_buffer``;
-    the eager half where ``init_forward_metadata`` has an ``is_draft_extend()`` branch that
-    calls none; the decode half where ``TritonMultiStepDraftBackend.common_template`` builds
-    no window rail (names no ``window_kv_indices``; 0.5.21-0.5.22's ``draft_window_size`` is
-    another feature). A release whose window helper takes parameters this module cannot
-    supply is unknown.
-
+    Syntax tree, per half: the draft-extend branches or ``_update_draft_extend_buffers``
+    call no window helper; ``common_template`` names no ``window_kv_indices``. The plan
+    holds the wrong halves' hooks in the release's graph API.
 Delete when
     The oldest supported sglang is 0.5.23 or later.
 """

@@ -1,21 +1,18 @@
 """trtllm_mha on XQA (sm90/sm120): single-token decode calls get the query dense.
+
 Bug
-    #22517 made the XQA query ``q.reshape(...)`` (was ``q.contiguous().view(...)``). GPT-OSS,
-    MiMo-V2 and Llama 4 pass q as a split view of their fused qkv (rope in place): rows strided
-    by q+k+v. XQA reads the query as dense, so batched requests read other rows (H100, 0.5.11:
-    16 at once vs one at a time 5/32 identical, fa3 23/32). The fix gives single-token XQA
-    calls ``.contiguous()`` where strided (no sync, graph-safe); multi-token ones are dense
-    through trtllm_xqa_spec_decode.
+    #22517 made the XQA query ``q.reshape(...)``; models pass q as a view of their fused qkv
+    (rows strided by q+k+v) and XQA reads it as dense: batched requests read other rows.
+    Fix: single-token XQA calls get ``.contiguous()`` where strided (no sync, graph-safe).
 Upstream PRs
     #31641 (issue), #31667 (the fix, ``forward_decode``), #22517 (the cause).
 Affected versions
-    ``forward_decode`` (plain decode, EAGLE draft steps) 0.5.11-0.5.15; copied on XQA from
-    0.5.16. Not Blackwell. Not covered: ``forward_extend``'s one-token ENCODER_ONLY verify rows
-    of 0.5.17-0.5.18 (DFlash drafts, outside the modes the plugin serves).
+    ``forward_decode`` 0.5.11-0.5.15; copied on XQA from 0.5.16. Not Blackwell. Not
+    covered: DFlash's ENCODER_ONLY verify rows (outside the plugin's modes).
     Status by release: not needed 0.5.10; applied 0.5.11-0.5.15; not needed 0.5.16+.
 Detection
-    Per method, its text (upstream's forms) or else its syntax tree: ``q = q.reshape(...)``
-    outside a non-XQA branch, and a decode call with one query token per request.
+    Per method, its text or else its syntax tree: ``q = q.reshape(...)`` outside a non-XQA
+    branch, and a decode call with one query token per request.
 Delete when
     0.5.16 is the oldest supported sglang.
 """

@@ -1,85 +1,19 @@
 """trtllm_mha on XQA hardware: multi-token decode-kernel calls get a bf16 query and the spec-decode mask.
 
 Bug
-    On sm90/sm120 (``is_xqa_impl``) ``flashinfer.decode.trtllm_batch_decode_with_kv_cache``
-    runs the XQA kernel. For more than one query token per request (``q_len_per_req > 1``:
-    TARGET_VERIFY and, from 0.5.14, DRAFT_EXTEND_V2 in ``forward_extend``) XQA needs
-    (a) a causal spec-decode mask, or it asserts "Mask is required for speculative decoding";
-    (b) a bf16 query even with an FP8 KV cache, or it asserts "Output and query must have the
-        same dtype" (its JIT has no FP8-query variant).
-    0.5.10-0.5.20 never pass the mask. 0.5.14-0.5.21 quantize the query to FP8 for XQA on
-    every mode but TARGET_VERIFY (0.5.14 ``force_fp8=not is_target_verify()``, 0.5.15-0.5.21
-    ``not self.is_xqa_impl or not is_target_verify()``), so DRAFT_EXTEND_V2 with an FP8 KV
-    cache hands XQA an FP8 query. 0.5.21 passes its mask for TARGET_VERIFY only. 0.5.22 keys
-    both choices on "uses the decode kernel" (``uses_decode_kernel``: the mask choice and the
-    FP8-query test in ``forward_extend``).
-    So with trtllm_mha for decode on Hopper and ``--speculative-attention-mode decode`` (or
-    ``--speculative-draft-attention-backend trtllm_mha``) the first verify or draft-extend step
-    fails. Loud, never wrong numbers; seen on an H100 with flashinfer's real XQA kernel
-    (``tests/gpu/fp8_xqa_probe.py``, tests/gpu/RESULTS.md).
-    The fix does what 0.5.22 does (except on sliding-window layers, below), around
-    ``forward_extend`` and only where ``is_xqa_impl``:
-    - a DRAFT_EXTEND_V2 batch whose query rows are ``batch * max_seq_len_q`` (the decode
-      kernel's contract; see trtllm_extend_routing) is shown to the method as TARGET_VERIFY,
-      which runs the same decode-kernel branch on the same metadata, with the release's own
-      bf16-query rule (ENCODER_ONLY layers, which TARGET_VERIFY treats differently, are left
-      alone);
-    - for the call, the module's ``flashinfer`` name is a view of flashinfer whose decode
-      entry point adds the causal mask when ``q_len_per_req > 1`` and none was given. The mask
-      is 0.5.22's (row r of a request's draft attends to draft rows 0..r; uint16 words), kept
-      per backend and per query length, and never freed while a CUDA graph may point at it;
-    - the query goes to XQA dense: models hand over q as a view of their fused qkv
-      projection (rows strided by q+k+v), and XQA reads its rows as if dense (every
-      flashinfer measured, 0.6.8-0.7.2: relative error 0.68-1.30 for a strided query, 0.003
-      dense; on a real 0.5.11 server 0/32 bf16 outputs equal the no-spec ones without the
-      copy, 32/32 with it). An FP8 query was already a fresh tensor, so FP8 KV caches never
-      showed this.
-    Host-side decisions only (forward mode, tensor shapes, ints): no device-to-host copy.
-    Under CUDA graphs (sglang's default) every derived tensor is made inside the pass that
-    uses it: sglang runs a batch size's pass eagerly, then captures it on the same static
-    buffers, and replays it with no Python; rows derived in the eager run would be stale
-    at every replay (6b08c25 did that: wrong tokens from the first verify step).
-
-    Sliding-window layers get no mask but one single-token request per draft row, on
-    purpose. Measured on an H100 with flashinfer 0.6.12's real XQA kernel
-    (tests/gpu/xqa_window_semantics.py, tests/gpu/RESULTS.md): with the mask and
-    ``window_left`` 16 or 31, a 4-token call differs from windowed causal attention by
-    73-95 % (relative max error) whichever way the window is anchored, while the same call
-    without a window, and every single-token windowed call, match (0.3-2.7 %). 0.5.22 passes
-    the mask for SWA layers too; on a real 0.5.11 server, giving every layer the mask made
-    0 of 8 greedy outputs equal those of the same server without speculative decoding.
-    Row r of a request whose ``seq_lens`` (after the draft's K/V) is S sees keys
-    ``S - q_len + r`` and before, within the window: exactly causal attention.
-
+    On sm90/sm120 XQA runs TARGET_VERIFY (and DRAFT_EXTEND_V2 from 0.5.14); it asserts
+    without a spec-decode mask or with an FP8 query: the first verify step fails. Fix, as
+    0.5.22: around ``forward_extend`` on XQA, the causal mask, a dense bf16 query, V2 shown
+    as TARGET_VERIFY; sliding-window layers get one single-token request per draft row.
 Upstream PRs
-    #32269 "Support XQA backend for SpecDec verify" (the mask, TARGET_VERIFY; in 0.5.21), then
-    0.5.22's change keying the query dtype and the mask on ``uses_decode_kernel`` (PR number
-    not found). #28241 (DRAFT_EXTEND_V2 to the decode kernel, 0.5.14) made the draft-extend
-    half reachable. flashinfer #4137 "ragged Q and per-row sliding-window masking for
-    speculative decode" (merged 2026-07) is the kernel-side change that the windowed
-    multi-token XQA path measured below lacks (flashinfer 0.6.12).
-
+    #32269 (mask for TARGET_VERIFY, 0.5.21), #28241 (V2 to the decode kernel), flashinfer
+    #4137 (windowed multi-token XQA).
 Affected versions
-    0.5.10-0.5.20: TARGET_VERIFY through trtllm_mha on XQA (no mask). 0.5.14-0.5.21:
-    DRAFT_EXTEND_V2 through it (FP8 query with an FP8 KV cache; no mask). 0.5.22+: mask and
-    query dtype fixed, and their flashinfer (0.7.1, 0.7.2) computes the windowed multi-token
-    call exactly (measured); from 0.5.19 ``forward_extend`` copies the query on XQA hardware
-    (``use_fmha_v2``, set from the same sm90/sm120 test as ``is_xqa_impl``), so the query is
-    dense there too (single-token XQA calls before that: trtllm_xqa_dense_query).
-    Blackwell (sm100, trtllm-gen kernel) is not affected and the hook does nothing there.
+    0.5.10-0.5.20: no mask; 0.5.14-0.5.21: DRAFT_EXTEND_V2 with FP8 query. Not Blackwell.
     Status by release: applied 0.5.10-0.5.21; not needed 0.5.22+.
-
 Detection
-    Structure of the installed ``forward_extend`` (its syntax tree, shared with
-    trtllm_extend_routing; never a version string). Multi-token decode calls are those
-    reached for TARGET_VERIFY, and for DRAFT_EXTEND_V2 where the method routes it to the
-    decode kernel. Needed when one of them gets no ``mask=``, or a mask chosen on
-    ``is_target_verify()`` alone while DRAFT_EXTEND_V2 is routed there too, or when the query
-    is made FP8 under a test of ``is_target_verify()`` that does not cover DRAFT_EXTEND_V2.
-    ``tests/test_trtllm_xqa_spec_decode.py`` checks on every matrix version that this verdict
-    equals what the real backend does (``reproduce``: a real backend with ``is_xqa_impl`` set
-    and an FP8 KV dtype, kernels recorded).
-
+    Syntax tree of ``forward_extend``: a multi-token decode call without ``mask=``, a mask or
+    bf16 query keyed on ``is_target_verify()`` alone while V2 is routed there: needed.
 Delete when
     0.5.22 (with a flashinfer that carries #4137) is the oldest supported sglang.
 """

@@ -3,7 +3,7 @@
 Bug
     #22517 made the XQA query ``q.reshape(...)``; models pass q as a view of their fused qkv
     (rows strided by q+k+v) and XQA reads it as dense: batched requests read other rows.
-    Fix: single-token XQA calls get ``.contiguous()`` where strided (no sync, graph-safe).
+    Fix, as #31667: on XQA ``forward_decode`` gets the query dense where it is strided.
 Upstream PRs
     #31641 (issue), #31667 (the fix, ``forward_decode``), #22517 (the cause).
 Affected versions
@@ -23,47 +23,25 @@ import ast
 import re
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, around, hookimpl
-from sglang_swa_plugin.probe import callee, compact, function_text, nodes, optional_module, own_function, swapped
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl, with_argument
+from sglang_swa_plugin.probe import callee, compact, function_text, nodes, optional_module, own_function
 from sglang_swa_plugin.trtllm_mha import (DECODE_KERNELS, FORWARD_DECODE, FORWARD_DECODE_PARAMS, MODULE, XQA_FLAG,
-                                          ModuleView, backend_class, flashinfer_view, syntax,
-                                          with_decode_entry)
+                                          backend_class, syntax)
 
 NAME = "trtllm_xqa_dense_query"
 TARGETS = {"forward_decode": FORWARD_DECODE}
-_VIEW = "_swa_plugin_dense_query_flashinfer"
 
 
 # ---------------------------------------------------------------------------- the hook
 
 
-def single_token(kwargs: Dict[str, Any]) -> bool:
-    """A decode-kernel call with one query token per request (``q_len_per_req`` absent or 1;
-    None is the ragged layout, more than 1 the multi-token calls of trtllm_xqa_spec_decode)."""
-    return kwargs.get("q_len_per_req", 1) == 1
-
-
-def _dense_decode(flashinfer: Any) -> ModuleView:
-    """``flashinfer`` whose decode entry point hands a single-token call's query over dense."""
-    decode = flashinfer.decode.trtllm_batch_decode_with_kv_cache
-
-    def trtllm_batch_decode_with_kv_cache(*args: Any, **kwargs: Any) -> Any:
-        query = kwargs.get("query")
-        if query is not None and not query.is_contiguous() and single_token(kwargs):
-            kwargs["query"] = query.contiguous()
-        return decode(*args, **kwargs)
-
-    return with_decode_entry(flashinfer, trtllm_batch_decode_with_kv_cache)
-
-
 def _dense_query(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND ``forward_decode``: on XQA, the call runs with the module's
-    ``flashinfer`` seen through ``_dense_decode`` (host-side only)."""
-    if not getattr(self, XQA_FLAG, False):
-        return original(self, *args, **kwargs)
-    mod, view = flashinfer_view(self, _VIEW, _dense_decode)
-    with swapped(mod, "flashinfer", view):
-        return original(self, *args, **kwargs)
+    """AROUND ``forward_decode``: on XQA, a strided query is handed on dense (upstream's
+    ``q.contiguous()``; one copy, captured with the graph, no sync)."""
+    q = argument(original, "q", args, kwargs)
+    if getattr(self, XQA_FLAG, False) and not q.is_contiguous():
+        args, kwargs = with_argument(original, "q", q.contiguous(), args, kwargs)
+    return original(self, *args, **kwargs)
 
 
 # ---------------------------------------------------------------------------- detection

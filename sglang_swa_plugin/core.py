@@ -94,6 +94,7 @@ BUILTIN_MODULES = (
     "sglang_swa_plugin.hooks.flashinfer_swa_verify",
     "sglang_swa_plugin.hooks.triton_swa_draft",
     "sglang_swa_plugin.hooks.swa_graph_padding",
+    "sglang_swa_plugin.hooks.triton_swa_window",
 )
 
 

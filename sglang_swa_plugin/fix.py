@@ -272,18 +272,20 @@ def unwrap_function(obj: Any) -> Optional[Callable[..., Any]]:
 
 
 @functools.lru_cache(maxsize=None)
-def _parameters(fn: Callable[..., Any]) -> "tuple[Dict[str, int], Dict[str, Any]]":
-    """(position after the first parameter, default) of each parameter of ``fn``."""
-    params = list(inspect.signature(fn).parameters.values())[1:]
+def _parameters(fn: Callable[..., Any], method: bool) -> "tuple[Dict[str, int], Dict[str, Any]]":
+    """(position, default) of each parameter of ``fn``; positions after ``self`` for a method."""
+    params = list(inspect.signature(fn).parameters.values())[1 if method else 0:]
     positions = {p.name: i for i, p in enumerate(params) if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)}
     defaults = {p.name: p.default for p in params if p.default is not p.empty}
     return positions, defaults
 
 
-def argument(original: Callable[..., Any], name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+def argument(original: Callable[..., Any], name: str, args: Sequence[Any], kwargs: Mapping[str, Any],
+             method: bool = True) -> Any:
     """Argument ``name`` of a hooked method call ``original(self, *args, **kwargs)`` (its
-    default where the call leaves it out): the one way a hook reads its call's arguments."""
-    positions, defaults = _parameters(original)
+    default where the call leaves it out): the one way a hook reads its call's arguments.
+    ``method=False``: a function's call ``original(*args, **kwargs)``."""
+    positions, defaults = _parameters(original, method)
     i = positions.get(name)
     if i is not None and i < len(args):
         return args[i]
@@ -295,9 +297,9 @@ def has_parameter(original: Callable[..., Any], name: str) -> bool:
 
 
 def with_argument(original: Callable[..., Any], name: str, value: Any, args: Sequence[Any],
-                  kwargs: Mapping[str, Any]) -> "tuple[tuple, dict]":
-    """``(args, kwargs)`` of the same call with argument ``name`` set to ``value``."""
-    i = _parameters(original)[0].get(name)
+                  kwargs: Mapping[str, Any], method: bool = True) -> "tuple[tuple, dict]":
+    """``(args, kwargs)`` of the same call (as ``argument`` reads it) with ``name`` set to ``value``."""
+    i = _parameters(original, method)[0].get(name)
     if i is not None and i < len(args):
         return (*args[:i], value, *args[i + 1:]), dict(kwargs)
     return tuple(args), {**kwargs, name: value}

@@ -29,7 +29,7 @@ from sglang_swa_plugin.hooks import trtllm_xqa_dense_query as dq
 from sglang_swa_plugin.hooks import trtllm_xqa_spec_decode as spec
 from sglang_swa_plugin.patching import target_marks
 from sglang_swa_plugin.probe import function_text, optional_module, own_function, swapped, target_class
-from sglang_swa_plugin.trtllm_mha import CLASS, MODULE, syntax
+from sglang_swa_plugin.trtllm_mha import CLASS, MODULE, XQA_FLAG, syntax
 
 from cpu_graph import CpuGraph
 from helpers import fix_in_effect, main_window_snapshot, sglang_release, without_fix
@@ -116,21 +116,21 @@ def test_on_blackwell_the_fix_changes_nothing():
                                                                       for c in before]
 
 
-def test_multi_token_calls_are_left_to_trtllm_xqa_spec_decode():
-    """The decode entry point densifies one-token-per-request calls only; a multi-token or
-    ragged call's query is passed on as it came (trtllm_xqa_spec_decode's)."""
+def test_the_hook_copies_only_a_strided_query_on_xqa():
+    """forward_decode gets ``q.contiguous()`` where q is strided on XQA; a dense q is passed on as
+    it is (no copy), and nothing changes off XQA (trtllm-gen reads strides)."""
     got = []
-    flashinfer = SimpleNamespace(decode=SimpleNamespace(trtllm_batch_decode_with_kv_cache=lambda **kw: got.append(kw)))
-    decode = dq._dense_decode(flashinfer).decode.trtllm_batch_decode_with_kv_cache
-    q = scen.fused_query(6, SimpleNamespace(tp_q_head_num=4, tp_k_head_num=2, head_dim=8)).reshape(6, 4, 8)
-    for q_len in ({}, {"q_len_per_req": 1}, {"q_len_per_req": 3}, {"q_len_per_req": None}):
-        decode(query=q, **q_len)
-    assert [kw["query"].is_contiguous() for kw in got] == [True, True, False, False]
-    assert got[2]["query"] is q and got[3]["query"] is q
-    assert all(torch.equal(kw["query"], q) for kw in got)
+    original = lambda self, q, *args, **kwargs: got.append((q, args, kwargs))
+    q = scen.fused_query(6, SimpleNamespace(tp_q_head_num=4, tp_k_head_num=2, head_dim=8))
+    assert not q.is_contiguous()
+    xqa, gen = SimpleNamespace(**{XQA_FLAG: True}), SimpleNamespace(**{XQA_FLAG: False})
+    dq._dense_query(original, xqa, q, "k", layer="L")
+    assert got[-1][0].is_contiguous() and torch.equal(got[-1][0], q) and got[-1][1:] == (("k",), {"layer": "L"})
     dense = q.contiguous()
-    decode(query=dense)
-    assert got[-1]["query"] is dense  # no copy of a dense query
+    dq._dense_query(original, xqa, dense)
+    assert got[-1][0] is dense
+    dq._dense_query(original, gen, q)
+    assert got[-1][0] is q
 
 
 def test_with_the_plugin_every_verify_call_reaches_xqa_dense():

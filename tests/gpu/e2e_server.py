@@ -42,6 +42,9 @@ Scenarios:
   triton_mtp   issue #18 (triton_swa_draft): tiny MiMo-V2 target + MTP draft (a sliding-window
                layer) on the Triton backend, multi-layer EAGLE and NEXTN, with and without the
                plugin, against no spec.
+  throughput   issue #31: tokens/s of 64 concurrent greedy requests with and without the plugin
+               (GPT-OSS target; fa3 plain, fa3 EAGLE3 topk 1, trtllm_mha plain), warm servers side
+               by side, alternating rounds; the plugin/stock ratio per row.
   cost         decode throughput for COST_SETTINGS (plugin on / off / on with the guard),
                alternating, warm servers, several repetitions.
 Each scenario writes DIR/<scenario>.json and the server logs DIR/<run>.log.
@@ -972,6 +975,7 @@ def scenario_gptoss_exact(out, _target, _draft):
         rows[f"{b}_on"] = (exact_base(target) + BACKEND_ARGS[b], ON)
         rows[f"{b}_off"] = (exact_base(target) + BACKEND_ARGS[b], OFF)
         rows[f"{b}_eager_off"] = (eager(exact_base(target) + BACKEND_ARGS[b]), OFF)
+        rows[f"{b}_eager_on"] = (eager(exact_base(target) + BACKEND_ARGS[b]), ON)
         rows[f"{b}_small_on"] = (exact_base(target, 4096) + BACKEND_ARGS[b], ON)
         for topk in map(int, filter(None, os.environ.get("SPEC_TOPK", "").split(","))):  # EAGLE3, real draft
             sp = eagle3_real(draft, topk, 3, 4 if topk < 4 else 8)
@@ -1003,38 +1007,21 @@ def eagle3_real(draft: str, topk: int, steps: int, draft_tokens: int) -> list:
 # no EAGLE worker starts on it. This adds the one accessor EAGLE needs, as every other EAGLE
 # target defines it (the embedding and lm_head weights); nothing else is changed.
 GEMMA4_EAGLE_SHIM = """
-import importlib.abc, importlib.machinery, sys
-_NAME = "sglang.srt.models.gemma4_causal"
+import os, sys
+sys.path.insert(0, GPU_DIR)
+from after_import import patch_after_import, run_next_sitecustomize  # tests/gpu/after_import.py
+sys.path.pop(0)
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != _NAME:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
 
-        def exec_then_patch(module):
-            exec_module(module)
-            cls = module.Gemma4ForCausalLM
-            if not hasattr(cls, "get_embed_and_head"):
-                cls.get_embed_and_head = lambda self: (self.model.embed_tokens.weight, self.lm_head.weight)
+def _add_accessor(module):
+    cls = module.Gemma4ForCausalLM
+    if not hasattr(cls, "get_embed_and_head"):
+        cls.get_embed_and_head = lambda self: (self.model.embed_tokens.weight, self.lm_head.weight)
 
-        spec.loader.exec_module = exec_then_patch
-        return spec
 
-sys.meta_path.insert(0, _AfterImport())
-
-# this file shadows any other sitecustomize on the path: run the next one too
-import importlib.util, os
-_here = os.path.dirname(os.path.abspath(__file__))
-_next = importlib.machinery.PathFinder.find_spec(
-    "sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != _here])
-if _next is not None and _next.loader is not None:
-    _mod = importlib.util.module_from_spec(_next)
-    _next.loader.exec_module(_mod)
-"""
+patch_after_import({"sglang.srt.models.gemma4_causal": _add_accessor})
+run_next_sitecustomize(__file__)
+""".replace("GPU_DIR", repr(os.path.dirname(os.path.abspath(__file__))))
 
 
 def gemma4_config(vocab: int = 2048, window: int = 16):
@@ -1598,13 +1585,92 @@ def scenario_cost(out, target, _draft, reps: int = int(os.environ.get("COST_REPS
     return res
 
 
+def scenario_throughput(out, _target, _draft):
+    """Issue #31 item 2: server throughput with the plugin and without it, on the conformance
+    matrix's default rows where both run (the GPT-OSS target of tests/gpu/gptoss_target.py,
+    sglang's defaults: CUDA graphs on, the backend's page size): fa3 plain decode, fa3 EAGLE3
+    topk 1 (its real-weight draft, 3 steps, 4 draft tokens) and trtllm_mha (XQA decode) plain.
+    Per row a plugin server and a stock server start side by side and stay warm; then a warm-up
+    round on each and TP_ROUNDS (default 3) timed rounds each, alternating A/B, every round
+    64 concurrent greedy requests (130-token prompts, TP_NEW_TOKENS new tokens, default 256,
+    ignore_eos). Tokens/s per round (completion tokens / wall time); the ratio plugin/stock
+    of the per-row medians. TP_ROWS (comma list) selects rows."""
+    import statistics
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import gptoss_target as gt
+
+    target, draft = gt.save(tempfile.mkdtemp(prefix="swa_throughput_"))
+    reqs = gt.prompts(64, 130, 31)
+    rounds, new = int(os.environ.get("TP_ROUNDS", "3")), int(os.environ.get("TP_NEW_TOKENS", "256"))
+    # room for 64 requests of 130 + 256 tokens, CUDA graphs up to 64 requests (the later flag wins)
+    base = exact_base(target, 32768) + ["--cuda-graph-max-bs", "64", "--max-running-requests", "64"]
+    rows = {"fa3_plain": base + BACKEND_ARGS["fa3"], "fa3_eagle3_k1": base + BACKEND_ARGS["fa3"] + eagle3_real(draft, 1, 3, 4),
+            "trtllm_mha_plain": base + BACKEND_ARGS["trtllm_mha"]}
+    chosen = [r for r in os.environ.get("TP_ROWS", ",".join(rows)).split(",") if r in rows]
+    servers = {(row, side): Server(f"throughput_{row}_{side}", out, rows[row], ON if side == "plugin" else OFF)
+               for row in chosen for side in ("plugin", "stock")}  # all start side by side
+
+    def one_round(srv) -> dict:
+        t = time.time()
+        with ThreadPoolExecutor(len(reqs)) as ex:
+            outs = list(ex.map(lambda ids: generate(srv.port, ids, new), reqs))
+        wall = time.time() - t
+        toks = sum((o.get("meta_info", {}).get("completion_tokens") or 0) for o in outs)
+        errors = [o["error"] for o in outs if "error" in o]
+        return {"tok_per_s": round(toks / wall, 1), "tokens": toks, "errors": errors[:2], "outputs": [o.get("output_ids") for o in outs]}
+
+    res = {"rounds": rounds, "new_tokens": new, "concurrency": len(reqs), "rows": {}}
+    try:
+        started = {k: srv.wait() for k, srv in servers.items()}
+        for row in chosen:
+            a, b = servers[(row, "plugin")], servers[(row, "stock")]
+            r = {"plugin": [], "stock": []}
+            if not (started[(row, "plugin")] and started[(row, "stock")]):
+                r["error"] = "; ".join(f"{side}: {first_error(s.log) or 'did not start'}" for side, s in
+                                       (("plugin", a), ("stock", b)) if not started[(row, side)])
+                res["rows"][row] = r
+                continue
+            warm = {"plugin": one_round(a), "stock": one_round(b)}
+            for _ in range(rounds):  # A B A B ...
+                for side, srv in (("plugin", a), ("stock", b)):
+                    got = one_round(srv)
+                    r[side].append(got["tok_per_s"])
+                    if got["errors"]:
+                        r.setdefault("errors", []).extend(got["errors"])
+            for side in ("plugin", "stock"):
+                r[f"{side}_median_tok_per_s"] = statistics.median(r[side]) if r[side] else None
+            if r["plugin_median_tok_per_s"] and r["stock_median_tok_per_s"]:
+                r["ratio_plugin_over_stock"] = round(r["plugin_median_tok_per_s"] / r["stock_median_tok_per_s"], 4)
+                # each plugin round over the stock round right after it: the spread of the ratio
+                r["round_ratios"] = [round(x / y, 4) for x, y in zip(r["plugin"], r["stock"]) if y]
+            same = sum(1 for x, y in zip(warm["plugin"]["outputs"], warm["stock"]["outputs"]) if x is not None and x == y)
+            r["identical_requests_plugin_vs_stock"] = f"{same}/{len(reqs)}"  # for information: stock may be wrong
+            r["plugin_log"] = [l[-120:] for l in a.log_lines("sglang-swa-plugin")][:6]
+            r["stock_plugin_lines"] = len(b.log_lines("sglang-swa-plugin"))  # 0: the stock server ran without it
+            res["rows"][row] = r
+    finally:
+        for srv in servers.values():
+            srv.stop()
+    print(f"{'row':<18} {'plugin tok/s':>13} {'stock tok/s':>12} {'ratio':>7}")
+    for row, r in res["rows"].items():
+        if "error" in r:
+            print(f"{row:<18} error: {r['error'][:200]}")
+        else:
+            print(f"{row:<18} {r['plugin_median_tok_per_s'] or '-':>13} {r['stock_median_tok_per_s'] or '-':>12} "
+                  f"{r.get('ratio_plugin_over_stock', '-'):>7}")
+    print("THROUGHPUT=" + json.dumps({k: {x: v.get(x) for x in ("plugin", "stock", "ratio_plugin_over_stock", "round_ratios", "error")}
+                                      for k, v in res["rows"].items()}), flush=True)
+    return res
+
+
 SCENARIOS = {"trtllm_eagle_accept": scenario_trtllm_eagle_accept, "xqa_verify": scenario_xqa_verify,
              "fa3_seq": scenario_fa3_seq, "fa3_eagle3": scenario_fa3_eagle3, "fa3_control": scenario_fa3_control,
              "guard_server": scenario_guard_server, "batched_decode": scenario_batched_decode, "cost": scenario_cost,
              "llama4_fa3": scenario_llama4_fa3, "fi_verify": scenario_fi_verify, "llama4_eagle": scenario_llama4_eagle,
              "llama4_tree": scenario_llama4_tree, "llama4_tree_wide": scenario_llama4_tree_wide,
              "triton_mtp": scenario_triton_mtp, "llama4_exact": scenario_llama4_exact,
-             "gptoss_exact": scenario_gptoss_exact}
+             "gptoss_exact": scenario_gptoss_exact, "throughput": scenario_throughput}
 
 
 def _summary(res: dict) -> dict:

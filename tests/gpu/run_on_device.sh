@@ -6,7 +6,8 @@
 #   bash tests/gpu/run_on_device.sh STEP [STEP ...]
 # Steps: unpack | unpack12 | smoke | trtllm_eagle_accept | xqa_verify | fa3_seq | fa3_eagle3 | fa3_control | cost | fp8 | fp8w |
 #        guard_kernel | guard_server | gpu_tests | bench_decode | bench_fix_step | graph_kernel | bench_xqa | servers | fi7 | pack |
-#        llama4 | llama4_eagle | llama4_tree | llama4_tree_wide | llama4_exact | gptoss_exact | fi_kernel | bench_fi | fi_verify | triton_mtp
+#        llama4 | llama4_eagle | llama4_tree | llama4_tree_wide | llama4_exact | gptoss_exact | fi_kernel | bench_fi | fi_verify | triton_mtp |
+#        bench_fix_cost | throughput
 # servers: SCENARIOS="xqa_verify trtllm_eagle_accept ..." PARALLEL=N (side by side on the GPU)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -105,6 +106,15 @@ for step in "$@"; do
     llama4_tree_wide)  # the rounding control of llama4_tree: 4 servers side by side
       PARALLEL=${PARALLEL:-4} MEM_FRACTION=${MEM_FRACTION:-0.85} START_TIMEOUT=${START_TIMEOUT:-420} \
         PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-530} python3 tests/gpu/e2e_server.py llama4_tree_wide --out "$OUT" 2>&1 | tail -5 ;;
+    bench_fix_cost)  # issue #31 item 1: per fix, its step with the fix against a reference path, batch 1 and 32,
+                     # CUDA graphs on, ABAB, medians of BLOCKS x PER_BLOCK replays; one child process per fix (ROWS: a
+                     # comma list of row keys, default all); the table on stdout, $OUT/bench_fix_cost.json
+      PYTHONPATH=${SITE:-/root/site} timeout ${STEP_TIMEOUT:-470} python3 tests/benchmarks/bench_fix_cost_gpu.py \
+        ${ROWS:+--rows $ROWS} --budget ${BUDGET:-440} 2>&1 | tee "$OUT/bench_fix_cost.log" | tail -45 ;;
+    throughput)  # issue #31 item 2: 6 warm servers side by side (plugin / stock x fa3, fa3 EAGLE3 topk 1, trtllm_mha),
+                 # 64 concurrent greedy requests, TP_ROUNDS alternating rounds each; $OUT/throughput.json
+      MEM_FRACTION=${MEM_FRACTION:-0.85} START_TIMEOUT=${START_TIMEOUT:-300} PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-470} \
+        python3 tests/gpu/e2e_server.py throughput --out "$OUT" 2>&1 | grep -E "^(row|fa3|trtllm)|THROUGHPUT|Error" | cut -c1-3000 ;;
     pack)  # at most 8 files come back: everything under $OUT into one archive
       (cd "$OUT" && tar czf "/tmp/results.tgz" . && find . -mindepth 1 -delete && mv /tmp/results.tgz "$OUT/results_$(date +%H%M%S).tgz") ;;
     gpu_tests)

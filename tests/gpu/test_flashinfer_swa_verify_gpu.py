@@ -70,7 +70,7 @@ def build(topk, lengths=tuple(t for s in SETS for t in s)):
     """Pool, allocator, req_to_token rows 0.. (prefix + drafts), runner, real backend. Build it
     inside the fix's installation: the updater binds its ``update`` in its constructor."""
     os.environ.setdefault("SGLANG_FLASHINFER_WORKSPACE_SIZE", str(256 << 20))
-    from sglang_swa_plugin import testbed as tb
+    from sglang_swa_plugin.check import testbed as tb
     from sglang_swa_plugin.probe import swapped
 
     n = draft_shape(topk)[0]

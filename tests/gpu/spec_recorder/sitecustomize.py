@@ -8,11 +8,14 @@ that count is 0, reading the wrong index space changes nothing) to the file, a J
 sglang's classes are not replaced; the call goes on unchanged. Costs one device sync per
 verify step, for the test only."""
 
-import importlib.abc
-import importlib.machinery
 import json
 import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from after_import import patch_after_import, run_next_sitecustomize  # noqa: E402 (tests/gpu/after_import.py)
+
+sys.path.pop(0)
 
 _PATH = os.environ.get("SWA_E2E_RECORD")
 # module -> (class, how verify receives the EagleVerifyInput)
@@ -52,22 +55,6 @@ def _spaces_differ(worker, batch):
         return repr(e)
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name not in _TARGETS:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_then_patch(module):
-            exec_module(module)
-            _patch(module, *_TARGETS[name])
-
-        spec.loader.exec_module = exec_then_patch
-        return spec
-
-
 if _PATH:
-    sys.meta_path.insert(0, _AfterImport())
+    patch_after_import({name: (lambda module, _t=target: _patch(module, *_t)) for name, target in _TARGETS.items()})
+run_next_sitecustomize(__file__)

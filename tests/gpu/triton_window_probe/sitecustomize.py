@@ -6,11 +6,13 @@ triton backend module is imported, its two window-buffer builders get ``sliding_
 ``q - k <= sliding_window_size``, is left as it is and masks the one extra prefix key), and the
 CUDA-graph window-index buffer is sized for the extra key per token."""
 
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from after_import import patch_after_import, run_next_sitecustomize  # noqa: E402 (tests/gpu/after_import.py)
+
+sys.path.pop(0)
 
 _NAME = "sglang.srt.layers.attention.triton_backend"
 
@@ -44,29 +46,5 @@ def _patch(module):
     print("triton_window_probe: window buffers keep sliding_window_size + 1 keys", file=sys.stderr, flush=True)
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != _NAME:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_then_patch(module):
-            exec_module(module)
-            _patch(module)
-
-        spec.loader.exec_module = exec_then_patch
-        return spec
-
-
-sys.meta_path.insert(0, _AfterImport())
-
-# this file shadows any other sitecustomize on the path: run the next one too
-_here = os.path.dirname(os.path.abspath(__file__))
-_next = importlib.machinery.PathFinder.find_spec(
-    "sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != _here])
-if _next is not None and _next.loader is not None:
-    _mod = importlib.util.module_from_spec(_next)
-    _next.loader.exec_module(_mod)
+patch_after_import({_NAME: _patch})
+run_next_sitecustomize(__file__)

@@ -1,0 +1,108 @@
+"""triton: sliding-window decode reads the window the model (and triton's own extend) defines.
+Bug
+    The window rail (``update_sliding_window_buffer``, its CUDA-graph twin) keeps the last
+    ``min(seq_len, sliding_window_size)`` keys. The decode kernel has no window mask and
+    attends all of them: query ``q`` sees keys ``q - sliding_window_size + 1 .. q``. The model
+    (transformers), fa3, flashinfer and triton's own extend kernel (``q - k <= window``) see
+    one key more. Plain decode on triton: GPT-OSS 0/32 requests equal to the float32 model.
+    Fix: the rail builders get ``sliding_window_size + 1`` (extend and verify mask the extra
+    prefix key: their output is unchanged); the CUDA-graph window buffer is sized for it.
+Upstream PRs
+    #32087 (closed without merging); no upstream fix.
+Affected versions
+    0.5.10-0.5.23: every release's triton decode keeps ``sliding_window_size`` keys.
+    Status by release: applied 0.5.10+.
+Detection
+    Structural: the rail helper keeps ``torch.minimum(seq_lens, sliding_window_size)`` keys and
+    triton's extend kernel masks ``q <= k + SLIDING_WINDOW_SIZE``: needed. A helper that keeps
+    ``sliding_window_size + 1``: not needed. Anything else: unknown.
+Delete when
+    sglang's triton decode keeps ``sliding_window_size + 1`` keys in every supported release.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+from sglang_swa_plugin.fix import Detection, Fix, argument, around, hookimpl, with_argument
+from sglang_swa_plugin.probe import function_text, function_tree, nodes, optional_module, own_function
+
+NAME = "triton_swa_window"
+MODULE = "sglang.srt.layers.attention.triton_backend"
+BUILDERS = ("update_sliding_window_buffer", "update_sliding_window_buffer_cuda_graph")
+GRAPH_STATE = MODULE + ".TritonAttnBackend.init_cuda_graph_state"
+PARAM = "sliding_window_size"
+_KEEPS_WINDOW = re.compile(r"torch\.minimum\(\s*\w+\s*,\s*torch\.tensor\(\s*sliding_window_size\s*\)")
+_KEEPS_WINDOW_PLUS_ONE = re.compile(r"sliding_window_size\s*\+\s*1")
+_EXTEND_MASK = re.compile(r"<=\s*\(?\s*start_n\s*\+\s*offs_n\[None,\s*:\]\s*\+\s*SLIDING_WINDOW_SIZE")
+
+
+def _wider_window(original, *args, **kwargs):
+    """Around one rail builder: its ``sliding_window_size`` argument plus one."""
+    window = argument(original, PARAM, args, kwargs, method=False)
+    args, kwargs = with_argument(original, PARAM, window + 1, args, kwargs, method=False)
+    return original(*args, **kwargs)
+
+
+def _graph_window_buffer(original, self, *args, **kwargs):
+    """After sglang sized ``cuda_graph_window_kv_indices`` for ``window`` keys per token: room
+    for ``window + 1`` (a buffer that is larger already, sglang's full rail, is kept)."""
+    result = original(self, *args, **kwargs)
+    max_num_tokens = argument(original, "max_num_tokens", args, kwargs)
+    window, buf = getattr(self, "sliding_window_size", None), getattr(self, "cuda_graph_window_kv_indices", None)
+    if window is not None and window > 0 and buf is not None and buf.numel() < max_num_tokens * (window + 1):
+        self.cuda_graph_window_kv_indices = buf.new_zeros(max_num_tokens * (window + 1))
+    return result
+
+
+def _extend_kernel_module(backend_cls) -> "str | None":
+    """Where ``TritonAttnBackend.__init__`` imports ``extend_attention_fwd`` from (it moved)."""
+    import ast
+
+    init = own_function(backend_cls, "__init__")
+    tree = function_tree(init)[0] if init is not None else None
+    return next((n.module for n in nodes(tree) if isinstance(n, ast.ImportFrom)
+                 and any(a.name == "extend_attention_fwd" for a in n.names)), None) if tree is not None else None
+
+
+def classify() -> Detection:
+    mod = optional_module(MODULE)
+    builders = [getattr(mod, name, None) for name in BUILDERS] if mod is not None else []
+    if not builders or builders[0] is None:
+        return Detection.not_applicable("this sglang's triton backend builds no sliding-window rail")
+    texts = [function_text(fn) for fn in builders if fn is not None]
+    if all(_KEEPS_WINDOW_PLUS_ONE.search(t) for t in texts):
+        return Detection.not_needed("the window rail keeps sliding_window_size + 1 keys")
+    if not all(_KEEPS_WINDOW.search(t) for t in texts):
+        return Detection.unknown("the window rail's length is not min(seq_len, sliding_window_size)")
+    kernel_module = _extend_kernel_module(mod.TritonAttnBackend)
+    kernel = optional_module(kernel_module) if kernel_module else None
+    if kernel is None or not _EXTEND_MASK.search(inspect.getsource(kernel)):
+        return Detection.unknown("triton's extend kernel no longer masks q <= k + SLIDING_WINDOW_SIZE")
+    if own_function(mod.TritonAttnBackend, "init_cuda_graph_state") is None:
+        return Detection.unknown("TritonAttnBackend has no init_cuda_graph_state")
+    plan = [around(f"{MODULE}.{name}", _wider_window) for name, fn in zip(BUILDERS, builders) if fn is not None]
+    return Detection.needed("triton decode keeps sliding_window_size keys, the model and triton's extend one more",
+                            *plan, around(GRAPH_STATE, _graph_window_buffer))
+
+
+class TritonSwaWindowFix(Fix):
+    name = NAME
+    summary = "triton sliding-window decode attends the window + 1 keys the model and triton's extend attend"
+    upstream_prs = ("#32087",)
+    # Every release has the first builder; its CUDA-graph twin (0.5.10-0.5.22) is hooked where it exists.
+    targets = tuple(f"{MODULE}.{name}" for name in BUILDERS) + (GRAPH_STATE,)
+    target_params = {GRAPH_STATE: ("self", "max_bs", "max_num_tokens")}
+    check_module = "sglang_swa_plugin.check.triton_swa_window"
+
+    def detect(self) -> Detection:
+        return classify()
+
+
+FIX = TritonSwaWindowFix()
+
+
+@hookimpl
+def sglang_swa_plugin_fixes():
+    return [FIX]

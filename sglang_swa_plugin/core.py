@@ -7,7 +7,7 @@ import importlib
 import logging
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import pluggy
 
@@ -18,6 +18,7 @@ from .fix import (
     Detection,
     Fix,
     FixSpecs,
+    Hook,
     TargetMissing,
     Verdict,
     split_target,
@@ -242,6 +243,17 @@ def log_record(rec: FixRecord) -> None:
 
 
 # ---------------------------------------------------------------------------- check, tests
+
+
+@contextlib.contextmanager
+def plan_installed(name: str, plan: Sequence[Hook]) -> Iterator[DirectHooks]:
+    """``plan`` installed directly under the fix name ``name`` for the block, then undone."""
+    hooks = DirectHooks(name)
+    try:
+        hooks.install(plan)
+        yield hooks
+    finally:
+        hooks.undo()
 
 
 @contextlib.contextmanager

@@ -369,3 +369,32 @@ def test_direct_hooks_rebind_module_level_copies_and_leave_methods_to_their_clas
         sys.modules.pop("swa_demo_src", None)
         sys.modules.pop("swa_demo_user", None)
     assert swa_demo_src.f() == 1 and swa_demo_user.f() == 1 and swa_demo_src.C().m() == 2
+
+
+def test_the_plugins_modules_import_no_cycle():
+    """No module of ``sglang_swa_plugin`` imports, at module level or inside a function, one
+    that imports it back (directly or through others)."""
+    import ast
+    from pathlib import Path
+
+    import sglang_swa_plugin
+
+    root = Path(sglang_swa_plugin.__file__).parent
+    names = {p.stem for p in root.glob("*.py")} - {"__init__"}
+    graph = {}
+    for name in names:
+        tree = ast.parse((root / f"{name}.py").read_text())
+        found = set()
+        for n in ast.walk(tree):
+            if not isinstance(n, ast.ImportFrom):
+                continue
+            if n.module is None or n.module == "sglang_swa_plugin":  # from . import x
+                found |= {alias.name for alias in n.names}
+            elif n.level or n.module.startswith("sglang_swa_plugin."):
+                found.add(n.module.replace("sglang_swa_plugin.", "").split(".")[0])
+        graph[name] = found & names
+
+    def reaches(start, goal, seen=()):
+        return any(nxt == goal or (nxt not in seen and reaches(nxt, goal, (*seen, nxt))) for nxt in graph[start])
+
+    assert not [name for name in names if reaches(name, name)], graph

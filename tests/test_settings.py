@@ -16,7 +16,7 @@ pytestmark = pytest.mark.cli
 
 REGISTER = """
 import sglang_swa_plugin
-from sglang_swa_plugin.core import register
+from sglang_swa_plugin.startup import register
 register("test")
 print("RESULT=" + json.dumps(sglang_swa_plugin.status()))
 """
@@ -25,7 +25,7 @@ print("RESULT=" + json.dumps(sglang_swa_plugin.status()))
 # runs the start-up hook; the explicit register() is then a no-op).
 STRICT_PROBE = """
 import sglang.srt.model_executor.model_runner
-from sglang_swa_plugin.core import register
+from sglang_swa_plugin.startup import register
 register("test")
 from sglang.srt.model_executor.model_runner import ModelRunner
 try:

@@ -99,27 +99,29 @@ def _pins(session: nox.Session) -> list[str]:
 def install_sglang(session: nox.Session, version: str, swap: bool = False) -> None:
     """An env of sglang ``version`` for a CPU machine, in three uv calls. ``swap``: the env holds
     another release already (statuses); its sglang and that release's pins are replaced, the rest
-    stays. Nothing is byte-compiled at install: uv's --compile-bytecode compiles the whole env
-    (torch included) at every call, while Python writes the bytecode of what the tests import
-    the first time they import it."""
+    stays. A new env is byte-compiled as it installs (uv compiles what each call installs):
+    Python writes no bytecode itself where PYTHONDONTWRITEBYTECODE is set, as on this project's
+    machines, and every subprocess importing sglang from source takes about twice as long. The
+    swapped env is not compiled: one detection process imports only part of sglang."""
+    env = {} if swap else {"UV_COMPILE_BYTECODE": "1"}
     session.log(f"sglang {version}: the release's own wheel, without its dependencies (the CUDA ones "
                 "do not install on a CPU machine)")
-    session.install("--no-deps", f"sglang=={version}")
+    session.install("--no-deps", f"sglang=={version}", env=env)
     pins = _pins(session)
     flashinfer = [p for p in pins if p.lower().replace("_", "-").startswith("flashinfer-python")]
     others = [p for p in pins if p not in flashinfer]
     if swap:
         session.log(f"sglang {version}'s pins: {' '.join(others)}")
-        session.install(*others)
+        session.install(*others, env=env)
     else:
         session.log(f"what sglang {version}'s modules import on a CPU machine: CPU torch 2.13.0, torchvision, "
                     f"triton and {len(BASE) - 3} small packages, and the release's pins {' '.join(others)} "
                     "(about 2 GB; 1-3 min with an empty package cache); the plugin, built as a wheel from "
                     "this tree (what users install)")
-        session.install(_torch(), *BASE, *others, ".", "--reinstall-package", "sglang-swa-plugin")
+        session.install(_torch(), *BASE, *others, ".", "--reinstall-package", "sglang-swa-plugin", env=env)
     session.log(f"{' '.join(flashinfer) or 'flashinfer-python'} without its dependencies (CUDA extras, of no "
                 "use here; sglang's modules import it)")
-    session.install("--no-deps", *(flashinfer or ["flashinfer-python"]))
+    session.install("--no-deps", *(flashinfer or ["flashinfer-python"]), env=env)
 
 
 @nox.session(python="3.11", tags=["ci"])

@@ -37,8 +37,8 @@ VERSIONS = [f"0.5.{n}" for n in range(10, 24)]
 CI_VERSIONS = {"0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.16", "0.5.22", "0.5.23"}
 DEMO_VERSION = "0.5.11"
 # Where the release-independent start-up and CLI tests (pytest marker cli) run: 0.5.10 (the
-# start-up hook without sglang's plugin framework), the demo release and the newest.
-CLI_VERSIONS = {"0.5.10", DEMO_VERSION, VERSIONS[-1]}
+# start-up hook without sglang's plugin framework) and the newest release (with it).
+CLI_VERSIONS = {"0.5.10", VERSIONS[-1]}
 FIX_TESTS = [os.path.join("tests", f"test_{name}.py") for name in (
     "trtllm_swa_pool", "trtllm_extend_routing", "frozen_kv_views", "fa3_spec_translate", "trtllm_xqa_spec_decode",
     "trtllm_xqa_dense_query")]
@@ -56,7 +56,7 @@ BASE = [
     # flashinfer is installed --no-deps (its CUDA extras are of no use here); these are
     # what `import flashinfer` needs on a CPU.
     "apache-tvm-ffi", "nvidia-ml-py", "tabulate", "click",
-    "pytest",
+    "pytest", "pytest-xdist", "pluggy",
 ]
 # Pins taken from the installed sglang's own metadata (0.5.16-0.5.20 import xgrammar at
 # module level).
@@ -66,8 +66,11 @@ TEST_ENV = {
     "HF_HUB_OFFLINE": "1",
     "SGLANG_FLASHINFER_WORKSPACE_SIZE": "1048576",
     "TOKENIZERS_PARALLELISM": "false",
-    "UV_COMPILE_BYTECODE": "1",
 }
+# pytest spread over the machine's cores (pytest-xdist), a test file per worker at a time (its
+# module-scoped fixtures run once): nearly all the time is subprocesses importing sglang, one
+# core each. ``-- -n 0`` after these runs the tests in one process (the last -n counts).
+PYTEST_WORKERS = ["-n", str(min(os.cpu_count() or 1, 4)), "--dist", "loadfile"]
 
 
 def _torch() -> str:
@@ -94,10 +97,12 @@ def _pins(session: nox.Session) -> list[str]:
 
 
 def install_sglang(session: nox.Session, version: str, swap: bool = False) -> None:
-    """An env of sglang ``version`` for a CPU machine. ``swap``: the env holds another release
-    already (statuses); its sglang and that release's pins are replaced, the rest stays, and
-    nothing is byte-compiled: uv compiles the whole env at every install (about 10 s on 2 cores)
-    and one detection process imports only part of sglang (12 s without bytecode, 11 s with)."""
+    """An env of sglang ``version`` for a CPU machine, in three uv calls. ``swap``: the env holds
+    another release already (statuses); its sglang and that release's pins are replaced, the rest
+    stays. A new env is byte-compiled as it installs (uv compiles what each call installs):
+    Python writes no bytecode itself where PYTHONDONTWRITEBYTECODE is set, as on this project's
+    machines, and every subprocess importing sglang from source takes about twice as long. The
+    swapped env is not compiled: one detection process imports only part of sglang."""
     env = {} if swap else {"UV_COMPILE_BYTECODE": "1"}
     session.log(f"sglang {version}: the release's own wheel, without its dependencies (the CUDA ones "
                 "do not install on a CPU machine)")
@@ -111,15 +116,12 @@ def install_sglang(session: nox.Session, version: str, swap: bool = False) -> No
     else:
         session.log(f"what sglang {version}'s modules import on a CPU machine: CPU torch 2.13.0, torchvision, "
                     f"triton and {len(BASE) - 3} small packages, and the release's pins {' '.join(others)} "
-                    "(about 2 GB; 1-3 min with an empty package cache)")
-        session.install(_torch(), *BASE, *others, env=env)
+                    "(about 2 GB; 1-3 min with an empty package cache); the plugin, built as a wheel from "
+                    "this tree (what users install)")
+        session.install(_torch(), *BASE, *others, ".", "--reinstall-package", "sglang-swa-plugin", env=env)
     session.log(f"{' '.join(flashinfer) or 'flashinfer-python'} without its dependencies (CUDA extras, of no "
                 "use here; sglang's modules import it)")
     session.install("--no-deps", *(flashinfer or ["flashinfer-python"]), env=env)
-    if not swap:
-        session.log("the plugin, built as a wheel from this tree (what users install), and pluggy")
-        session.install("--no-deps", "--reinstall", ".", env=env)
-        session.install("pluggy", env=env)
 
 
 @nox.session(python="3.11", tags=["ci"])
@@ -146,7 +148,7 @@ def tests(session: nox.Session, sglang: str) -> None:
     # The settings' start-up and command-line runs (marker cli: the plugin's own parsing, the same
     # on every release, ~3 minutes of subprocesses) run on CLI_VERSIONS; every other test on all.
     marks = "not gpu" if sglang in CLI_VERSIONS else "not gpu and not cli"
-    session.run("pytest", "-m", marks, *session.posargs, env=TEST_ENV)
+    session.run("pytest", *PYTEST_WORKERS, "-m", marks, *session.posargs, env=TEST_ENV)
 
 
 @nox.session(python="3.11")
@@ -169,7 +171,7 @@ def mainwindow(session: nox.Session, snapshot: str) -> None:
     session.log(f"sglang {release}'s package replaced by main commit {commit} ({tarball})")
     session.run("python", os.path.join("tests", "main_window.py"), "install", tarball, commit)
     session.run("sglang-swa-plugin", "doctor", env=TEST_ENV)  # exit 1 on a fix it cannot decide
-    session.run("pytest", "-m", "not gpu", *(session.posargs or MAIN_WINDOW_TESTS),
+    session.run("pytest", *PYTEST_WORKERS, "-m", "not gpu", *(session.posargs or MAIN_WINDOW_TESTS),
                 env={**TEST_ENV, "SGLANG_SWA_EXPECTED_SNAPSHOT": snapshot})
 
 

@@ -1,44 +1,20 @@
 """fa3_local_attn_pages: FA3 chunked (Llama 4 "local") attention gets page ids, in the right pool.
 
 Bug
-    Llama 4's chunked layers (``use_irope``) are the SWA-pool layers of sglang's hybrid pool.
-    FA3 gives them a block table of chunk-aligned "virtual" requests, built by
-    ``make_local_attention_virtual_batches`` from a page table whose columns must be pages
-    and whose values must be page ids of the layer's own pool. With ``--page-size`` > 1:
-    - CUDA-graph decode (``_maybe_update_local_attn_metadata_for_replay``): the decode graph
-      metadata already holds PAGE ids (and ``swa_page_table`` the same table in the SWA pool),
-      but on the hybrid pool the method pushes the full-pool page ids through
-      ``translate_loc_from_full_to_swa``, a TOKEN-slot mapping, and slices the page table by
-      tokens: the chunked layers read unrelated SWA pages, or past the SWA buffer (CUDA
-      illegal memory access under concurrent decode).
-    - eager (``_maybe_init_local_attn_metadata``: prefill, and topk-1 target verify): the
-      metadata holds one TOKEN slot per column and it is handed over as if it were a page
-      table (no stride, no division by the page size), on either pool.
-    - both shrink the chunk to ``min(chunk, longest sequence)`` rounded down to the page
-      size, so with short requests a sequence's chunk starts at the wrong token.
-    This module backports upstream's final form: eager, translate the token table (hybrid
-    pool), keep one column per page and divide by the page size; CUDA graphs, read
-    ``swa_page_table`` (hybrid pool) or ``page_table`` as they are, sliced by pages; the
-    chunk size is kept as configured; the capture-time view of the block table is as wide
-    as a chunk's pages, as upstream captures it. Page size 1 is left to sglang (its tables
-    are the same in token and page space there).
-
+    With ``--page-size`` > 1 FA3's local-attention block table is wrong: eager, token slots
+    handed over as page ids; CUDA-graph decode, page ids pushed through the token-slot
+    full->SWA mapping (wrong pages, or past the SWA buffer); both shrink the chunk to the
+    longest sequence. Fix: upstream's final form, per half (page ids of the layer's pool,
+    chunk kept, capture view one chunk wide). Page size 1 is left to sglang.
 Upstream PRs
-    #32902 (eager page ids, chunk size kept; 0.5.20), #37733 and #38187
-    (``LocalAttentionMetadataBuilder._graph_page_table``: the CUDA-graph half; 0.5.22).
-
+    #32902 (eager, 0.5.20), #37733 and #38187 (CUDA-graph half, 0.5.22).
 Affected versions
-    0.5.10-0.5.19: eager and CUDA-graph halves. 0.5.20 and 0.5.21: the CUDA-graph half.
-    0.5.22 and later: neither (nothing is installed).
+    0.5.10-0.5.19: both halves; 0.5.20 and 0.5.21: the CUDA-graph half.
     Status by release: applied 0.5.10-0.5.21; not needed 0.5.22+.
-
 Detection
-    Behavioural, on CPU: the installed methods (or, where they moved, upstream's
-    ``LocalAttentionMetadataBuilder``) are run on a stand-in backend with page size 16,
-    chunk 32, and a real ``SWAKVPool`` mapping whose full and SWA pages differ; the block
-    table they build is compared with the SWA pages of the request's chunks, per half. A
-    half that misses them is needed; both right: not needed. Anything else: unknown.
-
+    Behaviour on CPU: the installed methods (or ``LocalAttentionMetadataBuilder``) build a
+    block table on a stand-in (page 16, chunk 32, a real ``SWAKVPool``); per half, wrong
+    pages: that half's hooks are in the plan.
 Delete when
     The oldest supported sglang is 0.5.22 or later.
 """
@@ -48,7 +24,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from sglang_swa_plugin.patching import without_wrappers_of
-from sglang_swa_plugin.fix import Detection, Fix, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, around, hookimpl
 from sglang_swa_plugin.fa3_local import BUILDER_MODULE, FA3_MODULE as MODULE, local_batches, local_metadata_class
 from sglang_swa_plugin.probe import optional_module, swa_pool_class, target_class
 
@@ -212,10 +188,6 @@ def probe(cls: type, peel: bool = True) -> dict:
     return {"eager": eager == want_eager, "graph": int(bufs["local_block_table"][0, 0]) == want_graph}
 
 
-# The halves the last detection found right, for ``install`` (which runs right after it).
-_probed: dict = {}
-
-
 def classify() -> Detection:
     if optional_module(MODULE) is None:
         return Detection.not_applicable("this sglang has no FA3 backend module")
@@ -223,14 +195,14 @@ def classify() -> Detection:
         got = probe(target_class(CLASS))
     except Exception as e:  # noqa: BLE001
         return Detection.unknown(f"local-attention metadata could not be probed: {type(e).__name__}: {e}")
-    _probed.clear()
-    _probed.update(got)
     wrong = [half for half, ok in got.items() if not ok]
     if not wrong:
         return Detection.not_needed("chunked attention gets page ids of its own pool, eager and in CUDA graphs")
     what = {"eager": "the eager local block table holds token slots, not page ids (#32902)",
             "graph": "CUDA-graph decode pushes page ids through the token-slot full->SWA mapping (#38187)"}
-    return Detection.needed("; ".join(what[h] for h in wrong))
+    plan = {"eager": (around(EAGER, _eager_with_pages),),
+            "graph": (around(CAPTURE, _capture_chunk_wide), around(REPLAY, _replay_with_page_ids))}
+    return Detection.needed("; ".join(what[h] for h in wrong), *(hook for h in wrong for hook in plan[h]))
 
 
 class Fa3LocalAttnPagesFix(Fix):
@@ -244,15 +216,6 @@ class Fa3LocalAttnPagesFix(Fix):
 
     def detect(self) -> Detection:
         return classify()
-
-    def install(self, hooks) -> None:
-        if not _probed:
-            classify()
-        if not _probed.get("eager", False):
-            hooks.around(EAGER, _eager_with_pages)
-        if not _probed.get("graph", False):
-            hooks.around(CAPTURE, _capture_chunk_wide)
-            hooks.around(REPLAY, _replay_with_page_ids)
 
 
 FIX = Fa3LocalAttnPagesFix()

@@ -1,43 +1,21 @@
 """fa3_local_attn_tree_verify: FA3 chunked (Llama 4 "local") layers keep their chunk in tree (topk > 1) target verify.
 
 Bug
-    With ``--speculative-eagle-topk`` > 1, FA3 verifies the draft tree by cascade attention:
-    part 1 gives every draft token the request's whole prefix (``metadata.page_table``,
-    non-causal), part 2 its ancestors in the tree (``forward_metadata_spec_decode_expand``,
-    one table for all layers), merged by their softmax statistics. Sliding-window layers leave
-    the cascade; Llama 4's chunked layers (window -1) do not, and no topk > 1 verify path
-    builds their local-attention metadata (eager, CUDA-graph capture and replay). So a chunked
-    layer attends over the whole context instead of its chunk, and on the hybrid pool it reads
-    both tables' full-pool token slots in its SWA buffer. Greedy output is wrong from the first
-    tokens (H100, sglang 0.5.11, page size 1, CUDA graphs on: 0/32 identical to plain decode).
-    This module gives the chunked layers their own two parts, computed on the device from
-    sglang's own tables of the step (no host sync, fixed shapes, so CUDA-graph capture binds
-    them and a replay refills them): part 1, each draft token's prefix from its chunk's start
-    (as one-query local-attention requests, ``metadata.local_attn_metadata``); part 2, its
-    ancestors from its chunk's start (sglang's tree table filtered by position); both in the
-    layer's own pool. The chunked layers read part 2 through a swap of
-    ``forward_metadata_spec_decode_expand`` around their ``forward_extend`` call; every other
-    layer keeps sglang's. Page size 1 only: sglang itself stops topk > 1 with page size > 1 on
-    these models (one warning at CUDA-graph set-up names any other case).
-
+    topk > 1 verify is cascade attention (whole prefix, then the tree's shared table);
+    chunked layers take it with no local-attention metadata: they attend over the whole
+    context, in full-pool slots. Fix: the chunked layers get their own two parts, computed
+    on the device (no sync, graph-safe) from the chunk's start, swapped in around their
+    ``forward_extend``. Page size 1 only (sglang stops topk > 1 otherwise).
 Upstream PRs
-    None (no upstream report; sglang's own TODO marks Llama 4 EAGLE as untested).
-
+    None (sglang's own TODO marks Llama 4 EAGLE as untested).
 Affected versions
-    0.5.10-0.5.23: every release sends chunked layers through the topk > 1 cascade with the
-    shared tree table and builds them no local-attention metadata there.
+    0.5.10-0.5.23: chunked layers take the cascade with the shared tree table.
     Status by release: applied 0.5.10+.
-
 Detection
-    Structural, on the installed ``FlashAttentionBackend.forward_extend`` (its text): needed
-    when its ``use_cascade_attn`` condition names no local attention (chunked layers take the
-    cascade) and the cascade's part 2 reads ``forward_metadata_spec_decode_expand``; not
-    needed when the condition leaves local layers out. No FA3 module: not applicable; no
-    local-attention path in ``forward_extend``: target moved.
-
+    Text of ``forward_extend``: its ``use_cascade_attn`` condition names no local attention:
+    needed; it does: not needed; no cascade or local path: target moved.
 Delete when
-    sglang's topk > 1 verify keeps chunked layers in their chunk (detection then says not
-    needed on every supported release).
+    sglang's topk > 1 verify keeps chunked layers in their chunk.
 """
 
 from __future__ import annotations
@@ -46,9 +24,9 @@ import logging
 import re
 
 from sglang_swa_plugin import graphed
-from sglang_swa_plugin.fa3_local import FA3_CLASS as CLASS, FA3_MODULE as MODULE, GRAPH_PARAMS, OUT_GRAPH
-from sglang_swa_plugin.fa3_local import arg, graph_targets, installed_graph_api, local_metadata_class
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, hookimpl
+from sglang_swa_plugin.fa3_local import FA3_CLASS as CLASS, FA3_MODULE as MODULE, GRAPH_CAPTURE, GRAPH_PARAMS
+from sglang_swa_plugin.fa3_local import GRAPH_REPLAY, GRAPH_STATE, OUT_GRAPH, graph_api, local_metadata_class
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl
 from sglang_swa_plugin.probe import function_text, optional_module, own_function, target_class
 
 logger = logging.getLogger("sglang.srt.plugins.swa_plugin")
@@ -206,29 +184,29 @@ def _graph_step(self, bs, req_pool_indices, seq_lens, positions, in_capture) -> 
           bufs=bufs)
 
 
-def _capture(original, self, bs, *args, **kwargs):
-    # (bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info)
-    result = original(self, bs, *args, **kwargs)
-    if _tree_verify(self, arg(args, kwargs, 4, "forward_mode")):
-        _graph_step(self, bs, arg(args, kwargs, 1, "req_pool_indices"), arg(args, kwargs, 2, "seq_lens"),
-                    getattr(arg(args, kwargs, 5, "spec_info"), "positions", None), True)
-    return result
+def _graph_hook(in_capture: bool):
+    """The AROUND hook of the capture (``in_capture``) or replay metadata method (up to 0.5.12)."""
+
+    def hook(original, self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        a = lambda name: argument(original, name, args, kwargs)  # noqa: E731
+        if _tree_verify(self, a("forward_mode")):
+            _graph_step(self, a("bs"), a("req_pool_indices"), a("seq_lens"),
+                        getattr(a("spec_info"), "positions", None), in_capture)
+        return result
+
+    return hook
 
 
-def _replay(original, self, bs, *args, **kwargs):
-    # (bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu)
-    result = original(self, bs, *args, **kwargs)
-    if _tree_verify(self, arg(args, kwargs, 4, "forward_mode")):
-        _graph_step(self, bs, arg(args, kwargs, 0, "req_pool_indices"), arg(args, kwargs, 1, "seq_lens"),
-                    getattr(arg(args, kwargs, 5, "spec_info"), "positions", None), False)
-    return result
+_capture, _replay = _graph_hook(True), _graph_hook(False)
 
 
-def _out_graph(original, self, forward_batch, *args, **kwargs):
-    result = original(self, forward_batch, *args, **kwargs)
+def _out_graph(original, self, *args, **kwargs):
+    result = original(self, *args, **kwargs)
+    forward_batch = argument(original, "forward_batch", args, kwargs)
     if _tree_verify(self, forward_batch.forward_mode):
         _graph_step(self, forward_batch.batch_size, forward_batch.req_pool_indices, forward_batch.seq_lens,
-                    _positions(forward_batch), bool(arg(args, kwargs, 0, "in_capture")))
+                    _positions(forward_batch), bool(argument(original, "in_capture", args, kwargs)))
     return result
 
 
@@ -265,18 +243,23 @@ def _statement(text: str, name: str) -> str:
 def classify() -> Detection:
     if optional_module(MODULE) is None:
         return Detection.not_applicable("this sglang has no FA3 backend module")
-    forward_extend = own_function(target_class(CLASS), "forward_extend")
+    cls = target_class(CLASS)
+    forward_extend = own_function(cls, "forward_extend")
     if forward_extend is None:
         raise TargetMissing(FORWARD)
     text = function_text(forward_extend)
     cascade = _statement(text, "use_cascade_attn")
     if not cascade or SHARED_EXPAND not in text or "local_attn_metadata" not in text:
-        return Detection.unknown(f"target moved: {FORWARD} has no cascade verify over {SHARED_EXPAND} or no "
-                                 "local-attention path")
+        return Detection.target_moved(f"target moved: {FORWARD} has no cascade verify over {SHARED_EXPAND} or no "
+                                      "local-attention path")
+    # The CUDA-graph metadata API changed in 0.5.13 (init_forward_metadata_out_graph).
+    graph = ((around(OUT_GRAPH, _out_graph),) if graph_api(cls) == "out_graph"
+             else (around(GRAPH_CAPTURE, _capture), around(GRAPH_REPLAY, _replay)))
+    plan = (around(EAGER, _eager), around(FORWARD, _chunked_layers_own_tree), around(GRAPH_STATE, _state), *graph)
     if re.search(r"local|irope", cascade):
-        return Detection.not_needed("chunked (local) layers leave the topk > 1 cascade verify")
+        return Detection.not_needed("chunked (local) layers leave the topk > 1 cascade verify", *plan)
     return Detection.needed("chunked (local) layers take the topk > 1 cascade verify with the whole prefix and the "
-                            "shared tree table, in the full pool's slots")
+                            "shared tree table, in the full pool's slots", *plan)
 
 
 class Fa3LocalAttnTreeVerifyFix(Fix):
@@ -287,23 +270,10 @@ class Fa3LocalAttnTreeVerifyFix(Fix):
     target_params = {**GRAPH_PARAMS, EAGER: ("self", "forward_batch"),
                      FORWARD: ("self", "q", "k", "v", "layer", "forward_batch")}
 
-    @property
-    def targets(self):  # the CUDA-graph metadata API changed in 0.5.13
-        return (EAGER, FORWARD) + graph_targets()
+    targets = (EAGER, FORWARD, GRAPH_STATE, GRAPH_CAPTURE, GRAPH_REPLAY, OUT_GRAPH)
 
     def detect(self) -> Detection:
         return classify()
-
-    def install(self, hooks) -> None:
-        hooks.around(EAGER, _eager)
-        hooks.around(FORWARD, _chunked_layers_own_tree)
-        state, *graph = graph_targets()
-        hooks.around(state, _state)
-        if installed_graph_api() == "out_graph":
-            hooks.around(OUT_GRAPH, _out_graph)
-        else:
-            hooks.around(graph[0], _capture)
-            hooks.around(graph[1], _replay)
 
 
 FIX = Fa3LocalAttnTreeVerifyFix()

@@ -1,47 +1,22 @@
 """fa3_local_attn_verify: FA3 chunked (Llama 4 "local") layers keep their chunk in CUDA-graph target verify.
 
 Bug
-    Llama 4's chunked layers (``use_irope``, ``sliding_window_size`` -1) are the SWA-pool
-    layers of sglang's hybrid pool. FA3 builds their local-attention metadata (chunk-aligned
-    "virtual" requests, SWA-pool page ids) for prefill, plain decode and eager topk-1 target
-    verify, but the CUDA-graph TARGET_VERIFY metadata (capture and replay) carries none
-    (sglang: "TODO: we need to test this part for llama 4 eagle case"). In every EAGLE/EAGLE3
-    verify under CUDA graphs the chunked layers then attend over the whole context, causal,
-    through ``metadata.page_table``: full-pool page ids, read in the SWA buffer on the hybrid
-    pool. Greedy output diverges from plain decode at the first tokens (H100, sglang 0.5.11:
-    0/32 identical at page 1 and 16, on the hybrid and on one pool; graphs off: 32/32).
-    This module gives the verify graph its own static local-attention buffers (as many
-    virtual requests as a verify step can make: ``bs * (1 + cdiv(draft_tokens - 1, chunk))``,
-    one chunk of pages each), binds the metadata's ``local_attn_metadata`` to views of them at
-    capture and refills them before each replay with the values of sglang's own splitter over
-    the verify page table of the layer's own pool (``swa_page_table`` on the hybrid pool, page
-    ids at every page size), computed on the device from the graph's sequence lengths with
-    fixed shapes (no host-device sync); unused virtual requests get no query tokens and no keys. Eager topk-1 verify
-    already builds the metadata (page size > 1: with ``fa3_local_attn_pages``).
-    ``--speculative-eagle-topk`` > 1 (cascade verify) is ``fa3_local_attn_tree_verify``'s.
-    Not covered: verify steps whose requests carry different numbers of draft tokens (ragged
-    layouts), which keep sglang's metadata.
-
+    FA3's CUDA-graph TARGET_VERIFY metadata carries no local-attention metadata, so with
+    EAGLE under CUDA graphs chunked layers attend over the whole context through full-pool
+    pages: wrong greedy output from the first tokens. Fix: static local-attention buffers
+    for the verify graphs, bound at capture, refilled before each replay with the values of
+    sglang's own splitter over the layer's pool's page table, computed on the device (fixed
+    shapes, no host-device sync). topk > 1: fa3_local_attn_tree_verify.
 Upstream PRs
-    None (no upstream report; sglang's own TODO marks the path as untested).
-
+    None (sglang's own TODO marks the path as untested).
 Affected versions
-    0.5.10-0.5.23: no release builds local-attention metadata for CUDA-graph target verify.
-    The capture/replay API up to 0.5.12, ``init_forward_metadata_out_graph`` from 0.5.13
-    (0.5.18+: no host lengths on the sync-free path; the hook reads none). 0.5.23's metadata runs Triton
-    kernels, so its graph path is exercised on the GPU only.
+    0.5.10-0.5.23 (capture/replay API up to 0.5.12, ``init_forward_metadata_out_graph`` after).
     Status by release: applied 0.5.10+.
-
 Detection
-    Structural: the installed FA3 backend's CUDA-graph metadata methods (capture/replay up to
-    0.5.12, ``init_forward_metadata_out_graph`` and the helpers it calls from 0.5.13) are
-    parsed; a target-verify branch that calls local-attention metadata code (a name with
-    ``local_attn``, or the builder's ``build_for_capture``/``update_for_replay``) means not
-    needed; none: needed. No FA3 module: not applicable.
-
+    Syntax tree of the CUDA-graph metadata methods: a target-verify branch that calls
+    local-attention code: not needed; none: needed. The plan follows the graph API.
 Delete when
-    sglang builds local-attention metadata for TARGET_VERIFY under CUDA graphs (detection
-    then says not needed on every supported release).
+    sglang builds local-attention metadata for CUDA-graph TARGET_VERIFY.
 """
 
 from __future__ import annotations
@@ -51,9 +26,9 @@ import ast
 from sglang_swa_plugin import graphed
 from sglang_swa_plugin.fa3_local import FA3_CLASS as CLASS, FA3_MODULE as MODULE, GRAPH_CAPTURE as CAPTURE
 from sglang_swa_plugin.fa3_local import GRAPH_PARAMS, GRAPH_REPLAY as REPLAY, GRAPH_STATE as STATE, OUT_GRAPH
-from sglang_swa_plugin.fa3_local import arg as _arg, cdiv as _cdiv, graph_targets, installed_graph_api
-from sglang_swa_plugin.fa3_local import local_metadata_class, verify_local_batches
-from sglang_swa_plugin.fix import Detection, Fix, hookimpl
+from sglang_swa_plugin.fa3_local import cdiv as _cdiv, graph_api, local_metadata_class
+from sglang_swa_plugin.fa3_local import verify_local_batches
+from sglang_swa_plugin.fix import Detection, Fix, argument, around, hookimpl
 from sglang_swa_plugin.probe import callee, if_branches, optional_module, own_function, target_class
 
 NAME = "fa3_local_attn_verify"
@@ -127,28 +102,31 @@ def _verify_topk1(self, forward_mode, spec_info) -> bool:
             and (self.topk or 0) <= 1 and getattr(spec_info, "ragged_verify_layout", None) is None)
 
 
-def _capture_with_local(original, self, bs, *args, **kwargs):
-    # (bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info)
-    result = original(self, bs, *args, **kwargs)
-    if _verify_topk1(self, _arg(args, kwargs, 4, "forward_mode"), _arg(args, kwargs, 5, "spec_info")):
+def _capture_with_local(original, self, *args, **kwargs):
+    result = original(self, *args, **kwargs)
+    a = lambda name: argument(original, name, args, kwargs)  # noqa: E731
+    if _verify_topk1(self, a("forward_mode"), a("spec_info")):
+        bs = a("bs")
         metadata = self.target_verify_metadata[bs]
         _bind(self, metadata, bs)
-        _fill(self, metadata, bs, _arg(args, kwargs, 2, "seq_lens"))
+        _fill(self, metadata, bs, a("seq_lens"))
     return result
 
 
-def _replay_with_local(original, self, bs, *args, **kwargs):
-    # (bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu, ...)
-    result = original(self, bs, *args, **kwargs)
-    if _verify_topk1(self, _arg(args, kwargs, 4, "forward_mode"), _arg(args, kwargs, 5, "spec_info")):
-        _fill(self, self.target_verify_metadata[bs], bs, _arg(args, kwargs, 1, "seq_lens"))
+def _replay_with_local(original, self, *args, **kwargs):
+    result = original(self, *args, **kwargs)
+    a = lambda name: argument(original, name, args, kwargs)  # noqa: E731
+    if _verify_topk1(self, a("forward_mode"), a("spec_info")):
+        bs = a("bs")
+        _fill(self, self.target_verify_metadata[bs], bs, a("seq_lens"))
     return result
 
 
-def _out_graph_with_local(original, self, forward_batch, *args, **kwargs):
-    result = original(self, forward_batch, *args, **kwargs)
+def _out_graph_with_local(original, self, *args, **kwargs):
+    result = original(self, *args, **kwargs)
+    forward_batch = argument(original, "forward_batch", args, kwargs)
     if _verify_topk1(self, forward_batch.forward_mode, forward_batch.spec_info):
-        bs, in_capture = forward_batch.batch_size, bool(_arg(args, kwargs, 0, "in_capture"))
+        bs, in_capture = forward_batch.batch_size, bool(argument(original, "in_capture", args, kwargs))
         metadata = self.target_verify_metadata[bs]
         if in_capture or metadata.local_attn_metadata is None:
             _bind(self, metadata, bs)
@@ -178,12 +156,17 @@ def classify() -> Detection:
         return Detection.not_applicable("this sglang has no FA3 backend module")
     try:
         cls = target_class(CLASS)
-        if verify_builds_local(cls):
-            return Detection.not_needed("CUDA-graph target verify builds local-attention metadata")
+        builds_local = verify_builds_local(cls)
     except Exception as e:  # noqa: BLE001
         return Detection.unknown(f"the FA3 CUDA-graph metadata methods could not be read: {type(e).__name__}: {e}")
+    # The CUDA-graph metadata API changed in 0.5.13 (init_forward_metadata_out_graph).
+    graph = ((around(OUT_GRAPH, _out_graph_with_local),) if graph_api(cls) == "out_graph"
+             else (around(CAPTURE, _capture_with_local), around(REPLAY, _replay_with_local)))
+    plan = (around(STATE, _state_with_verify_buffers), *graph)
+    if builds_local:
+        return Detection.not_needed("CUDA-graph target verify builds local-attention metadata", *plan)
     return Detection.needed("CUDA-graph target verify builds no local-attention metadata: chunked layers attend "
-                            "over the whole context through the full-pool page table")
+                            "over the whole context through the full-pool page table", *plan)
 
 
 class Fa3LocalAttnVerifyFix(Fix):
@@ -192,22 +175,11 @@ class Fa3LocalAttnVerifyFix(Fix):
     upstream_prs = ()
     check_module = "sglang_swa_plugin.check.fa3_local_attn_verify"
 
-    @property
-    def targets(self):  # the CUDA-graph metadata API changed in 0.5.13
-        return graph_targets()
-
+    targets = (STATE, CAPTURE, REPLAY, OUT_GRAPH)
     target_params = GRAPH_PARAMS
 
     def detect(self) -> Detection:
         return classify()
-
-    def install(self, hooks) -> None:
-        hooks.around(STATE, _state_with_verify_buffers)
-        if installed_graph_api() == "out_graph":
-            hooks.around(OUT_GRAPH, _out_graph_with_local)
-        else:
-            hooks.around(CAPTURE, _capture_with_local)
-            hooks.around(REPLAY, _replay_with_local)
 
 
 FIX = Fa3LocalAttnVerifyFix()

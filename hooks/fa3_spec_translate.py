@@ -1,36 +1,18 @@
 """FA3 EAGLE3 topk > 1: translate both page tables into SWA space before the SWA kernel.
 
 Bug
-    ``FlashAttentionBackend._init_sliding_window_attn_spec_metadata`` (target verify with
-    EAGLE3 tree decoding, topk > 1, on hybrid SWA models such as GPT-OSS) passes
-    ``metadata.page_table`` (each request's prefix) and ``metadata_expand.page_table`` (the
-    draft tokens) straight into ``prepare_swa_spec_page_table_triton``. Both hold full-pool
-    indices read from ``req_to_token_pool``; the SWA layers then index the SWA pool with the
-    resulting ``swa_spec_metadata.page_table``: wrong KV, or a CUDA illegal memory access
-    once a full index exceeds the (smaller) SWA pool (issue #24402).
-    The fix translates both tables with ``token_to_kv_pool.translate_loc_from_full_to_swa``
-    and casts them to int32 before the kernel runs, only when the backend uses a SWA pool.
-    The plugin does the same around the method: for the duration of the call the two
-    metadata objects carry translated copies, and the full-pool tables are put back
-    afterwards, because the rest of the backend (full-attention layers, cascade attention,
-    ``swa_page_table``) keeps using them. No global state is swapped. Cost: two gathers
-    per call on the topk > 1 SWA path, as upstream's own fix; nothing elsewhere.
-
+    ``FlashAttentionBackend._init_sliding_window_attn_spec_metadata`` hands full-pool page
+    tables to ``prepare_swa_spec_page_table_triton``; SWA layers then read wrong KV or past
+    the SWA pool (issue #24402). Fix: for the duration of the call both tables are translated
+    copies (int32), put back after it (the rest of the backend reads the full-pool ones).
 Upstream PRs
-    #24617 "fix(fa3): translate page table to SWA loc in EAGLE3 topk>1 spec metadata"
-    (merged 2026-05-09; 0.5.13 added the ``.to(torch.int32)`` casts).
-
+    #24617 (merged 2026-05-09; 0.5.13 added the int32 casts).
 Affected versions
-    sglang 0.5.10 and 0.5.11. 0.5.12 and later translate before the kernel.
+    0.5.10 and 0.5.11; 0.5.12 and later translate before the kernel.
     Status by release: applied 0.5.10-0.5.11; not needed 0.5.12+.
-
 Detection
-    Behavioural: the installed method is run unbound on a stand-in ``self`` whose pool
-    translates ``x -> x + 1000``, with the module's ``prepare_swa_spec_page_table_triton``
-    replaced by a recorder for the duration of the probe. Untranslated tables reach the
-    recorder: needed. Translated ones: already fixed upstream, nothing is installed.
-    No FA3 backend module: not applicable. Anything else: unknown.
-
+    The method is run on a stand-in whose pool translates ``x -> x + 1000``, the kernel
+    recorded: untranslated tables: needed; translated: not needed; else unknown.
 Delete when
     The oldest supported sglang is 0.5.12 or later.
 """
@@ -41,8 +23,8 @@ from types import SimpleNamespace
 from typing import Any, Optional
 
 from .. import graphed
-from ..fix import Detection, Fix, TargetMissing, hookimpl
-from ..patching import target_marked_by, without_wrappers_of
+from ..fix import Detection, Fix, TargetMissing, argument, around, hookimpl
+from ..patching import without_wrappers_of
 from ..probe import optional_module, swapped
 
 NAME = "fa3_spec_translate"
@@ -65,7 +47,7 @@ def _translate_page_tables(original, self, metadata, metadata_expand, *args, **k
 
     full_a, full_b = metadata.page_table, metadata_expand.page_table
     translate = self.token_to_kv_pool.translate_loc_from_full_to_swa
-    in_graph = (args[0] if args else kwargs.get("metadata_swa")) is not None  # the CUDA-graph metadata
+    in_graph = argument(original, "metadata_swa", (metadata, metadata_expand, *args), kwargs) is not None
     try:  # both assignments inside: a failing translation never leaves one table translated
         if in_graph:
             metadata.page_table, metadata_expand.page_table = _graph_translation(self, full_a, full_b, translate)
@@ -177,12 +159,7 @@ class FA3SpecTranslateFix(Fix):
     check_module = "sglang_swa_plugin.check.fa3_spec_translate"
 
     def detect(self) -> Detection:
-        return classify()
-
-    def install(self, hooks) -> None:
-        if target_marked_by(TARGET) == self.name:
-            return  # already in effect here (a second wrapper would translate twice)
-        hooks.around(TARGET, _translate_page_tables)
+        return classify().with_plan(around(TARGET, _translate_page_tables))
 
 
 

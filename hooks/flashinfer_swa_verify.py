@@ -1,81 +1,21 @@
 """flashinfer: EAGLE verify on sliding-window layers attends to its own window (retained keys, re-laid tree mask).
 
 Bug
-    With two wrappers (``WrapperDispatch.SLIDING_WINDOW``) ``FlashInferIndicesUpdaterPrefill``
-    plans the sliding-window wrapper (wrapper 0) of a TARGET_VERIFY batch over a prefix
-    clipped to the window (``paged_kernel_lens = min(seq_lens, window)``, start
-    ``seq_lens - paged_kernel_lens``), but ``EagleVerifyInput.generate_attn_arg_prefill``
-    gathers every request's keys from position 0 (no start; only DFlash verify is given
-    ``kv_start_idx``) and returns the tree mask laid out for the full prefix
-    (``q_len x (seq_len + q_len)`` per request). Once a prefix is longer than the window each
-    SWA layer attends to the keys at positions ``[0, window + q_len)``: not its own draft
-    tokens, and through mask bits of other columns (the row widths differ, so later requests
-    of the batch read their neighbours' bits). On a hybrid SWA pool those early positions
-    translate to freed SWA slots. Greedy output past the window is wrong and the accept
-    length collapses. In 0.5.10-0.5.13 the window code subtracts ``prefix_lens``, which
-    verify passes as None: a TypeError at start-up (CUDA-graph capture) or at the first
-    verify step.
-
-    The fix, around three functions, only for an EAGLE verify batch (``EagleVerifyInput``
-    with a custom mask) on the sliding-window wrapper of a two-wrapper backend:
-    - ``update_sliding_window``: a None ``prefix_lens`` becomes ``seq_lens`` (verify keeps
-      its draft tokens outside ``seq_lens``), what 0.5.14 and later do;
-    - ``call_begin_forward``: hands the clipped start to the call below, and under CUDA
-      graphs gives the sliding-window wrapper its own packed-mask buffer (sglang builds both
-      wrappers on one ``cuda_graph_custom_mask``, so the full-attention plan, which runs
-      second, would overwrite the sliding-window mask the graph reads);
-    - ``generate_attn_arg_prefill``: keys are positions ``[seq_len - L, seq_len + q_len)``
-      with ``L = min(seq_len, window)``, and the mask is re-laid for ``L + q_len`` columns.
-      Classic builder (given ``req_to_token``): the keys are gathered here. Translator
-      builder (given ``translator``, ``plan``, ``kind``): sglang's builder runs with a
-      translator whose ``pack_read_stream`` gets ``kv_start_idx``, so sglang's own gather
-      (per-request kernel or the plan's read table) keeps its id spaces; the mask is
-      replaced.
-    Two-wrapper backends plan verify with plain ``plan()`` in every release (the sync-free
-    ``fast_prefill_plan`` is installed only with no dispatch reason), so the host layout
-    is flashinfer's own, read from the device indptr the builder returns.
-    Window semantics, as sglang's decode path and the flashinfer kernel define them
-    (``window = sliding_window - 1`` = the layer's ``sliding_window_size`` = flashinfer's
-    ``window_left``): a query at position ``p`` sees the keys at positions ``[p - window, p]``.
-    A draft token at tree depth ``d`` sits at ``seq_len + d`` (not ``seq_len + row``: tree
-    siblings share a depth), so each row gets its own left edge: prefix column ``c`` (position
-    ``seq_len - L + c``) is on for row ``i`` iff ``c >= L + d_i - window``; draft column ``j``
-    keeps the tree bit (and ``d_j >= d_i - window``). Depths come from the tree mask itself
-    (ones in the row's draft block, minus one), so the dummy capture input needs no
-    positions. The verify wrappers are planned with ``window_left = -1`` in these releases
-    (the kernel's own window is compiled out), so the mask alone decides: exact for chains
-    and trees. Device work only, once per verify step (no device-to-host copy, nothing per
-    layer); its size is known on the host from the sum sglang already computed.
-    On CUDA the keys come from sglang's ``create_flashinfer_kv_indices_triton`` and the mask
-    from one Triton kernel (one program per request and draft row); the torch ops are the
-    CPU path and the reference (``SGLANG_SWA_PLUGIN_FI_TORCH_MASK=1`` forces them on CUDA).
-    Page size: the flashinfer backend plans pages of one token whatever ``--page-size`` is,
-    so the keys are token indices for every page size.
-
+    The sliding-window wrapper of a TARGET_VERIFY batch is planned over a prefix clipped to
+    the window, but EAGLE's builder gathers keys from position 0 with a full-prefix mask:
+    wrong keys past the window (0.5.10-0.5.13: a TypeError on ``prefix_lens`` None first).
+    Fix: keys ``[seq_len - L, seq_len + q_len)``, the mask re-laid per row's tree depth, an
+    own mask buffer for the window wrapper under CUDA graphs.
 Upstream PRs
-    Issue #22679 (open). #39160 (closed) and #39287 (open): pass the SWA start to EAGLE's
-    builder and compact the tree mask per request with per-node window bounds, separate
-    packed-mask buffers for the SWA and full CUDA-graph wrappers. #27469 gave DFlash verify
-    its ``kv_start_idx`` and the ``prefix_lens is None`` branch (0.5.14).
-
+    Issue #22679; #39160 (closed), #39287 (open); #27469 (DFlash's ``kv_start_idx``).
 Affected versions
-    0.5.10-0.5.13: TypeError (``prefix_lens`` None in the window code). 0.5.14-0.5.23: wrong
-    keys and mask; the builder takes ``req_to_token`` through 0.5.21 and a KV-index
-    translator from 0.5.22 (0.5.20 and 0.5.21 already translate in ``call_begin_forward``
-    but still hand EAGLE ``req_to_token``). Both forms are patched.
+    0.5.10-0.5.13: TypeError; 0.5.14-0.5.23: wrong keys and mask (both builder forms).
     Status by release: applied 0.5.10+.
-
 Detection
-    Structure of the installed code: fixed when ``EagleVerifyInput.generate_attn_arg_prefill``
-    takes ``kv_start_idx`` and every builder call in ``call_begin_forward`` passes it; else
-    the crash form when ``update_sliding_window`` subtracts ``prefix_lens`` with no
-    ``prefix_lens is None`` branch, the wrong-keys form when it has one. Needed for both
-    when the builder's parameters are the classic (``req_to_token``) or the translator
-    (``translator``, ``plan``, ``kind``) form; anything else is unknown.
-
+    Text: builder and every call pass ``kv_start_idx``: not needed; else the crash or
+    wrong-keys form, needed where the builder is the classic or translator form.
 Delete when
-    The oldest supported sglang carries #39287 (or an equivalent windowed EAGLE verify in
-    the flashinfer backend).
+    The oldest supported sglang carries #39287 (or an equivalent windowed EAGLE verify).
 """
 
 from __future__ import annotations
@@ -87,7 +27,7 @@ import re
 import threading
 from typing import Any, Optional
 
-from sglang_swa_plugin.fix import Detection, Fix, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, argument, around, has_parameter, hookimpl, with_argument
 from sglang_swa_plugin.probe import compact, normalized_source, optional_module, own_function, target_class
 
 logger = logging.getLogger("sglang.srt.plugins.swa_plugin")
@@ -126,56 +66,11 @@ def is_eagle_verify(spec_info: Any) -> bool:
             and getattr(spec_info, "custom_mask", None) is not None)
 
 
-class _Params:
-    """Where each parameter of a hooked function sits (positional index counting ``self``,
-    default), resolved once per function: the hot path reads args/kwargs directly."""
-
-    __slots__ = ("pos", "default", "names")
-
-    def __init__(self, fn):
-        self.pos, self.default = {}, {}
-        params = inspect.signature(fn).parameters
-        self.names = frozenset(params)
-        for i, p in enumerate(params.values()):
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-                self.pos[p.name] = i
-            if p.default is not p.empty:
-                self.default[p.name] = p.default
-
-    def has(self, name) -> bool:
-        return name in self.names
-
-    def get(self, name, args, kwargs):
-        """``args`` includes ``self``."""
-        i = self.pos.get(name)
-        if i is not None and i < len(args):
-            return args[i]
-        return kwargs.get(name, self.default.get(name))
-
-    def call_with(self, fn, args, kwargs, name, value):
-        """``fn(*args, **kwargs)`` with argument ``name`` replaced by ``value``."""
-        i = self.pos.get(name)
-        if i is not None and i < len(args):
-            return fn(*args[:i], value, *args[i + 1:], **kwargs)
-        return fn(*args, **{**kwargs, name: value})
-
-
-_PARAMS: dict = {}
-
-
-def _params(fn) -> _Params:
-    p = _PARAMS.get(fn)
-    if p is None:
-        p = _PARAMS[fn] = _Params(fn)
-    return p
-
-
 def _update_sliding_window(original, self, *args, **kwargs):
     """A verify batch's None ``prefix_lens`` is ``seq_lens`` (the crash form subtracts it)."""
-    p = _params(original)
-    full = (self,) + args
-    if p.get("prefix_lens", full, kwargs) is None and is_eagle_verify(p.get("spec_info", full, kwargs)):
-        return p.call_with(original, full, kwargs, "prefix_lens", p.get("seq_lens", full, kwargs))
+    a = lambda name: argument(original, name, args, kwargs)  # noqa: E731
+    if a("prefix_lens") is None and is_eagle_verify(a("spec_info")):
+        args, kwargs = with_argument(original, "prefix_lens", a("seq_lens"), args, kwargs)
     return original(self, *args, **kwargs)
 
 
@@ -201,12 +96,11 @@ def own_mask_buffer(backend, wrapper, draft_token_num: int, window: int):
 
 
 def _call_begin_forward(original, self, *args, **kwargs):
-    p = _params(original)
-    full = (self,) + args
-    spec_info, start = p.get("spec_info", full, kwargs), p.get("kv_start_idx", full, kwargs)
-    if start is None or not is_eagle_verify(spec_info) or not _is_window_wrapper(self, p.get("kv_indptr", full, kwargs)):
+    a = lambda name: argument(original, name, args, kwargs)  # noqa: E731
+    spec_info, start = a("spec_info"), a("kv_start_idx")
+    if start is None or not is_eagle_verify(spec_info) or not _is_window_wrapper(self, a("kv_indptr")):
         return original(self, *args, **kwargs)
-    wrapper = p.get("wrapper_paged", full, kwargs)
+    wrapper = a("wrapper_paged")
     shared = getattr(self.attn_backend, "cuda_graph_custom_mask", None)
     if shared is not None and getattr(wrapper, "_custom_mask_buf", None) is shared:
         wrapper._custom_mask_buf = own_mask_buffer(self.attn_backend, wrapper, spec_info.draft_token_num,
@@ -416,17 +310,16 @@ def _generate_attn_arg_prefill(original, self, *args, **kwargs):
     if active is None:
         return original(self, *args, **kwargs)
     _active.window = None  # one builder call per plan
-    p = _params(original)
-    full = (self,) + args
-    if p.has("req_to_token"):  # classic form: the builder gathers from req_to_token itself
-        return _windowed_args(self, p.get("req_pool_indices", full, kwargs), p.get("paged_kernel_lens", full, kwargs),
-                              p.get("paged_kernel_lens_sum", full, kwargs), p.get("req_to_token", full, kwargs), *active)
+    a = lambda name: argument(original, name, args, kwargs)  # noqa: E731
+    if has_parameter(original, "req_to_token"):  # classic form: the builder gathers from req_to_token itself
+        return _windowed_args(self, a("req_pool_indices"), a("paged_kernel_lens"), a("paged_kernel_lens_sum"),
+                              a("req_to_token"), *active)
     # KV-index-translator form (0.5.22+): sglang's builder, its gather started at the window
     start, window = active
-    translator = _ReadFromStart(p.get("translator", full, kwargs), start)
-    kv_indices, kv_indptr, qo_indptr, _ = p.call_with(original, full, kwargs, "translator", translator)
-    return kv_indices, kv_indptr, qo_indptr, _mask(self, p.get("paged_kernel_lens", full, kwargs),
-                                                   p.get("paged_kernel_lens_sum", full, kwargs), start, window)
+    args, kwargs = with_argument(original, "translator", _ReadFromStart(a("translator"), start), args, kwargs)
+    kv_indices, kv_indptr, qo_indptr, _ = original(self, *args, **kwargs)
+    return kv_indices, kv_indptr, qo_indptr, _mask(self, a("paged_kernel_lens"), a("paged_kernel_lens_sum"), start,
+                                                   window)
 
 
 # ---------------------------------------------------------------------------- detection
@@ -488,12 +381,8 @@ class FlashinferSwaVerifyFix(Fix):
     check_module = "sglang_swa_plugin.check.flashinfer_swa_verify"
 
     def detect(self) -> Detection:
-        return classify()
-
-    def install(self, hooks) -> None:
-        hooks.around(UPDATE_SW, _update_sliding_window)
-        hooks.around(BEGIN, _call_begin_forward)
-        hooks.around(VERIFY_ARGS, _generate_attn_arg_prefill)
+        return classify().with_plan(around(UPDATE_SW, _update_sliding_window), around(BEGIN, _call_begin_forward),
+                                    around(VERIFY_ARGS, _generate_attn_arg_prefill))
 
 
 FIX = FlashinferSwaVerifyFix()

@@ -1,57 +1,22 @@
 """FROZEN_KV MTP: the draft backend's SWA state follows the target pool the views swap in.
 
 Bug
-    A FROZEN_KV MTP draft (Gemma 4 assistant) owns no KV of its own: it reads the target's
-    KV. ``frozen_kv_mtp_utils.frozen_kv_target_view`` and ``target_kv_pool_view`` swap the
-    target's ``SWAKVPool`` in for the draft's own (full-only) pool, and
-    ``FrozenKVMTPCudaGraphRunner`` does the same swap by hand around graph capture. A
-    trtllm_mha backend caches its SWA state (``_swa_kv_pool``, ``use_sliding_window_kv_pool``,
-    from 0.5.23 ``_swa_full_to_swa_mapping``) at construction. When that state was taken
-    from the draft's own non-SWA pool (#25103's pool-only rule: ``None``/``False``), the
-    swapped-in pool and the cached state disagree: SWA layers (remapped to the target's SWA
-    layers) get full-pool page indices, and the sm100 sliding-window kernel reads past the
-    SWA cache (illegal memory access). The CUDA-graph SWA page-table buffers are not even
-    allocated, since ``init_cuda_graph_state`` runs before capture, outside any view.
-    The fix (fork PR#6, three parts) is rebuilt here as hooks:
-      1. both views: while the target pool is swapped in, the backend's SWA state describes
-         it, and is restored exactly on exit (also on an exception, also when views nest);
-      2. the graph runner's construction (``FrozenKVMTPCudaGraphRunner.__init__``, which
-         calls ``init_cuda_graph_state`` and then captures): the same, so the backend's own
-         ``init_cuda_graph_state`` allocates the SWA page-table (and SWA write-location)
-         buffers whenever the target pool has sliding-window layers, before any capture;
-      3. each capture (``capture_one_batch_size``, ``capture_one_shape`` from 0.5.14),
-         whose manual pool swap leaves the SWA state alone: the same again.
-    Per draft step the hook costs a few attribute reads and writes: no tensor work, no
-    host-device sync.
-
+    ``frozen_kv_target_view``/``target_kv_pool_view`` and the FROZEN_KV graph runner swap the
+    target ``SWAKVPool`` in; a trtllm_mha backend whose SWA state came from the draft's own
+    pool (#25103's rule) gives SWA layers full-pool pages (illegal memory access). Fix (fork
+    PR#6): around both views, the runner's construction and each capture, the backend's SWA
+    state describes the swapped-in pool and is restored after.
 Upstream PRs
-    Fork PR#6 (pyc96/sglang, "swap SWA-aware state with target pool"), #26531 (closed,
-    per-call swap). Upstream's equivalent is #26966 + #27491: the backend resolves the
-    target ``SWAKVPool`` from the shared allocator for FROZEN_KV drafts at construction.
-
+    Fork PR#6 (pyc96/sglang), #26531 (closed); upstream's equivalent: #26966 + #27491.
 Affected versions
-    No release: 0.5.10 and 0.5.11 have no FROZEN_KV MTP (not applicable); 0.5.12 resolves
-    the pool from the shared allocator (allocator-type rule); 0.5.13 and later through
-    ``_resolve_swa_kv_pool``. Builds carrying #25103 without #27491 are affected, as is
-    any backend whose SWA state is taken from the draft's own pool.
+    No release: 0.5.10-0.5.11 have no FROZEN_KV MTP; later releases resolve the pool from
+    the shared allocator. Builds carrying #25103 without #27491 are affected.
     Status by release: not applicable 0.5.10-0.5.11; not needed 0.5.12+.
-
 Detection
-    Behavioural, on stand-ins (no backend is built at start-up): the installed trtllm_mha
-    backend's own SWA resolution (``_resolve_swa_kv_pool`` where it exists, else the
-    constructor's statements that set the SWA state, executed) is run for a FROZEN_KV
-    draft runner (own full-only pool, the target's SWA allocator); a backend carrying that
-    state then enters each installed view with a real ``FrozenKVMTPContext``. Inside every
-    view the backend's SWA pool is the swapped-in target ``SWAKVPool``: not needed (0.5.12
-    through its allocator rule, 0.5.13+ through the resolver). Otherwise: needed. No
-    ``frozen_kv_mtp_utils`` or no trtllm_mha: not applicable. A view that swaps in no pool:
-    unknown. The ``check`` scenario does the same with real objects: a real draft backend,
-    inside each real view, must give its SWA layer SWA-space pages inside the SWA pool.
-
+    The backend's own SWA resolution runs for a FROZEN_KV draft on stand-ins, then each view
+    is entered: the target SWAKVPool inside every view: not needed; else needed.
 Delete when
-    Never needed by a release; delete once the oldest supported sglang resolves the
-    FROZEN_KV draft's SWA pool from the allocator (0.5.12 and later all do) and no
-    supported build carries #25103 without #27491.
+    No supported build carries #25103 without #27491.
 """
 
 from __future__ import annotations
@@ -63,7 +28,7 @@ import sys
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from ..fix import Detection, Fix, TargetMissing, hookimpl
+from ..fix import Detection, Fix, TargetMissing, around, hookimpl
 from ..probe import function_tree, optional_module, swa_allocator_class, swa_pool_class
 from ..trtllm_mha import MODULE as TRTLLM
 
@@ -274,13 +239,15 @@ def classify() -> Detection:
     got = views_follow(utils, s.target_pool, s.runner.token_to_kv_pool, cached)
     if None in got.values():
         return Detection.unknown(f"{', '.join(n for n, v in got.items() if v is None)} swaps in no target pool")
+    plan = (*(around(view, _around_view) for view in VIEWS), around(RUNNER_INIT, _around_runner_init),
+            around(capture_target(), _around_capture))  # the capture method was renamed in 0.5.14
     if all(got.values()):
         return Detection.not_needed(
             f"inside both views the draft backend's SWA pool is the target SWAKVPool ({how} "
-            "takes it from the shared allocator for a FROZEN_KV draft)")
+            "takes it from the shared allocator for a FROZEN_KV draft)", *plan)
     return Detection.needed(
         f"{how} gives a FROZEN_KV draft SWA pool {cached!r}, but the views swap in the target "
-        "SWAKVPool: SWA layers would read full-pool page indices")
+        "SWAKVPool: SWA layers would read full-pool page indices", *plan)
 
 
 class FrozenKVViewsFix(Fix):
@@ -289,24 +256,12 @@ class FrozenKVViewsFix(Fix):
     upstream_prs = ("fork PR#6", "#26531", "#26966", "#27491")
     check_module = "sglang_swa_plugin.check.frozen_kv_views"
 
-    @property
-    def targets(self):  # the capture method was renamed in 0.5.14
-        return VIEWS + (RUNNER_INIT, capture_target())
-
-    @property
-    def target_params(self):
-        return {**{v: ("forward_batch", "kv_context") for v in VIEWS},
-                RUNNER_INIT: ("self", "frozen_kv_mtp_worker"), capture_target(): ("self",)}
+    targets = VIEWS + (RUNNER_INIT,) + tuple(f"{RUNNER}.{name}" for name in CAPTURE_METHODS)
+    target_params = {**{v: ("forward_batch", "kv_context") for v in VIEWS}, RUNNER_INIT: ("self", "frozen_kv_mtp_worker"),
+                     **{f"{RUNNER}.{name}": ("self",) for name in CAPTURE_METHODS}}
 
     def detect(self) -> Detection:
         return classify()
-
-    def install(self, hooks) -> None:
-        swa_pool_class()
-        for view in VIEWS:
-            hooks.around(view, _around_view)
-        hooks.around(RUNNER_INIT, _around_runner_init)
-        hooks.around(capture_target(), _around_capture)
 
 
 FIX = FrozenKVViewsFix()

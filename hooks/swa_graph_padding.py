@@ -1,35 +1,18 @@
 """CUDA-graph replay of a padded batch: the padded rows' SWA write locations are cleared.
 
 Bug
-    sglang 0.5.11 keeps a separate SWA write location per token in the CUDA-graph input
-    buffers (``DecodeInputBuffers.out_cache_loc_swa``, hybrid SWA pool only). For a batch
-    that is padded up to a captured size, ``populate_from_forward_batch`` zeroes
-    ``out_cache_loc`` but copies ``out_cache_loc_swa`` only for the real rows: the padded
-    rows keep the SWA slots of an earlier, larger replay. The captured graph writes the
-    padded rows' K/V through them, into the SWA KV of live requests (the last rows of that
-    earlier batch): silently wrong tokens for those requests, under sglang's default
-    configuration (CUDA graphs on). Plain decode, EAGLE/EAGLE3/NEXTN verify and draft
-    decode all replay these buffers, on every attention backend. Seen on an H100: flashinfer
-    EAGLE topk 2, 32 requests, requests 30/31 leave the exact output at tokens 37-39.
-    The fix clears the padded tail (``out_cache_loc_swa[raw_num_token:]``) after sglang
-    filled the buffers, as upstream does (upstream clears the whole buffer): slot 0 is the
-    pool's padding slot. Outside the graph, only for padded replays; no host-device sync.
-
+    ``DecodeInputBuffers.populate_from_forward_batch`` zeroes ``out_cache_loc`` but copies
+    ``out_cache_loc_swa`` for the real rows only: padded rows write K/V through an earlier
+    replay's SWA slots, into live requests (wrong tokens, CUDA graphs on, every backend).
+    Fix: after sglang filled the buffers, ``out_cache_loc_swa[raw_num_token:]`` is zeroed.
 Upstream PRs
-    #24743 "zero out_cache_loc_swa for padded CUDA-graph replays" (the buffer came with
-    #23552).
-
+    #24743 (the buffer came with #23552).
 Affected versions
-    sglang 0.5.11. 0.5.10 has no separate SWA write locations (it translates the zeroed
-    ``out_cache_loc``); 0.5.12 clears them; from 0.5.13 the graph buffers carry none.
+    sglang 0.5.11 (0.5.10 has no separate SWA locations; 0.5.12 clears them).
     Status by release: not applicable 0.5.10; applied 0.5.11; not needed 0.5.12; not applicable 0.5.13+.
-
 Detection
-    Structural, on the installed ``DecodeInputBuffers.populate_from_forward_batch``: it
-    copies into ``out_cache_loc_swa`` and never clears it (``zero_``/``fill_``): needed.
-    Clears it: not needed. No ``out_cache_loc_swa`` in it (or no ``DecodeInputBuffers``):
-    not applicable.
-
+    Text of ``populate_from_forward_batch``: copies into ``out_cache_loc_swa`` and never
+    clears it: needed; clears it: not needed; no such buffer: not applicable.
 Delete when
     The oldest supported sglang is 0.5.12 or later.
 """
@@ -38,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from sglang_swa_plugin.fix import Detection, Fix, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, around, hookimpl
 from sglang_swa_plugin.probe import function_text, optional_module, own_function
 
 NAME = "swa_graph_padding"
@@ -91,10 +74,7 @@ class SwaGraphPaddingFix(Fix):
     check_module = "sglang_swa_plugin.check.swa_graph_padding"
 
     def detect(self) -> Detection:
-        return classify()
-
-    def install(self, hooks) -> None:
-        hooks.around(TARGET, _clear_padded_swa_locs)
+        return classify().with_plan(around(TARGET, _clear_padded_swa_locs))
 
 
 FIX = SwaGraphPaddingFix()

@@ -1,63 +1,21 @@
 """Opt-in SWA index guard: an index outside the KV pool a sliding-window layer reads stops
-the step with a message naming the backend, forward mode, layer and pool size, instead of
-a CUDA illegal memory access far from its cause.
+the step with a named error, instead of a CUDA illegal memory access far from its cause.
 
 Bug
-    Hybrid SWA models keep two KV pools with separate index spaces. Bugs of this family
-    hand a sliding-window layer's kernel full-pool indices, or indices of the wrong pool
-    (seed 002: FA3 EAGLE3 topk > 1, #24617; seed 003: a FROZEN_KV draft backend without
-    SWA state reading the target's SWA pool; #25103 alone would have done the same). The
-    SWA pool is smaller, so the kernel reads outside it and the process dies with "CUDA
-    error: an illegal memory access", layers and steps after the cause. Nothing in sglang
-    checks that the indices reaching an SWA layer belong to the pool that layer reads.
-
-    With ``SGLANG_SWA_PLUGIN_GUARD=1`` this module checks, on the device, every index a
-    sliding-window layer (``layer.sliding_window_size > -1``, or an SWA layer in the
-    ``layers_mapping`` of the pool it reads) hands to its attention kernel: each live
-    page-table entry (columns below ``ceil(cache_seqlens / page_size)`` of each row; the
-    rest is padding the kernel never reads: zeros, stale entries, or uninitialised memory
-    from 0.5.14 on) and each KV-write location lies in ``[0, n)``, ``n`` being the number
-    of pages (slots) of the KV buffer the kernel reads for that layer. Guarded places:
-
-    - trtllm_mha: ``TRTLLMHAAttnBackend._get_layer_page_table`` (the page table of both
-      kernels, decode and context) and ``_get_layer_cache_loc`` (the fused FP8 KV write;
-      not in 0.5.10, whose form gets no forward batch to find the pool); the buffer is
-      that of the pool the kernels read (``forward_batch.token_to_kv_pool`` up to 0.5.12,
-      ``self.token_to_kv_pool`` from 0.5.13, which the FROZEN_KV views swap).
-    - fa3: the ``flash_attn_with_kvcache`` calls made inside
-      ``FlashAttentionBackend.forward_extend`` / ``forward_decode`` (the module global
-      from 0.5.11, the instance attribute in 0.5.10); the buffer is the kernel's own
-      ``k_cache`` argument, so every per-layer choice of page table (``swa_page_table``,
-      ``swa_spec_metadata``, prefill-aware SWA...) is checked as the kernel receives it.
-
-    The check is ``torch._assert_async`` on a few element-wise ops: no host-device sync,
-    so it is captured into CUDA graphs and re-checks the graph's buffers on every replay.
-    On CUDA a failure is a device-side assert whose text is the message (checked with
-    torch 2.11; a torch that drops ``_assert_async``'s message prints a generic assert);
-    on CPU it raises RuntimeError at once. Messages are built once per (backend, mode,
-    layer, pool size) and cached. A mix-up whose indices stay inside the pool (seed 001:
-    wrong KV, no crash) is not an index error and is not caught. With the guard off
-    nothing of this module is installed.
-
+    SWA index-space bugs hand a sliding-window layer's kernel indices of another pool; the
+    kernel reads past the smaller SWA pool, layers after the cause. With
+    ``SGLANG_SWA_PLUGIN_GUARD=1`` every page-table entry and KV-write location of an SWA
+    layer (trtllm_mha, fa3) is checked on the device (``torch._assert_async``: no sync).
 Upstream PRs
-    None: upstream has no such check. Bugs it turns into named errors: #24617 (FA3
-    topk > 1, issue #24402), #25103 (pool-type SWA detection: FROZEN_KV drafts lose the
-    SWA pool), fork PR pyc96/sglang#6 (FROZEN_KV views).
-
+    None; bugs it names: #24617 (issue #24402), #25103, fork PR pyc96/sglang#6.
 Affected versions
-    Every release (0.5.10 to 0.5.23): a diagnostic, installed wherever it is asked for.
+    Every release (0.5.10 to 0.5.23): a diagnostic, installed where asked for.
     Status by release: off by default 0.5.10+.
-
 Detection
-    Needed ("guard requested") when the guarded places exist: the trtllm_mha and fa3
-    backend classes with the methods above, the fa3 kernel bound as a module global or
-    taken from the instance in ``forward_extend``, and a recognisable source of the pool
-    the trtllm_mha kernels read. Neither backend: not applicable. Otherwise the moved
-    target is named (unknown / skipped).
-
+    Needed ("guard requested") where the guarded methods exist; the plan follows the fa3
+    kernel's binding and the trtllm_mha pool attribute. Neither backend: not applicable.
 Delete when
-    Never needed for correctness; keep while SWA index-space bugs are being found. Drop
-    a guarded place when its backend is removed from sglang.
+    Never needed for correctness; drop a guarded place when its backend leaves sglang.
 """
 
 from __future__ import annotations
@@ -66,7 +24,7 @@ import functools
 import threading
 from typing import Any, Callable
 
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, hookimpl, split_target
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl, split_target
 from sglang_swa_plugin.probe import compact, normalized_source, optional_module
 from sglang_swa_plugin.trtllm_mha import CLASS as TRT_CLASS, MODULE as TRT_MODULE
 
@@ -216,8 +174,8 @@ def fa3_forward_hook(form: str) -> Callable:
     wrapped for the duration of the call)."""
 
     def guard_forward(original, self, *args, **kwargs):
-        layer = args[3] if len(args) > 3 else kwargs.get("layer")
-        forward_batch = args[4] if len(args) > 4 else kwargs.get("forward_batch")
+        layer = argument(original, "layer", args, kwargs)
+        forward_batch = argument(original, "forward_batch", args, kwargs)
         pools = (getattr(forward_batch, "token_to_kv_pool", None), getattr(self, "token_to_kv_pool", None))
         if layer is None or not is_swa_layer(layer, *pools):
             return original(self, *args, **kwargs)
@@ -257,14 +215,23 @@ def classify() -> Detection:
     found = present_backends()
     if not found:
         return Detection.not_applicable("this sglang has neither a trtllm_mha nor an fa3 backend")
-    return Detection.needed("guard requested: checks SWA-layer indices of " + ", ".join(sorted(found)))
+    plan = []
+    if "trtllm_mha" in found:
+        page_table, cache_loc = trtllm_hooks(found["trtllm_mha"])
+        plan += [around(TRT_PAGE_TABLE, page_table), around(TRT_CACHE_LOC, cache_loc)]
+    if "fa3" in found:
+        forward = fa3_forward_hook(found["fa3"])
+        plan += [around(FA3_EXTEND, forward), around(FA3_DECODE, forward)]
+        if found["fa3"] == "module":
+            plan.append(around(FA3_KERNEL, guard_fa3_kernel))
+    return Detection.needed("guard requested: checks SWA-layer indices of " + ", ".join(sorted(found)), *plan)
 
 
 class SwaIndexGuard(Fix):
     name = "swa_index_guard"
     summary = "opt-in: device-side check that SWA-layer page tables and KV-write locations stay inside the KV pool they index"
     upstream_prs = ()
-    targets = (TRT_PAGE_TABLE, TRT_CACHE_LOC, FA3_EXTEND, FA3_DECODE)
+    targets = (TRT_PAGE_TABLE, TRT_CACHE_LOC, FA3_EXTEND, FA3_DECODE, FA3_KERNEL)
     target_params = {
         TRT_PAGE_TABLE: ("self", "layer", "forward_batch"),
         TRT_CACHE_LOC: ("self", "layer"),
@@ -276,19 +243,6 @@ class SwaIndexGuard(Fix):
 
     def detect(self) -> Detection:
         return classify()
-
-    def install(self, hooks) -> None:
-        found = present_backends()
-        if "trtllm_mha" in found:
-            page_table, cache_loc = trtllm_hooks(found["trtllm_mha"])
-            hooks.around(TRT_PAGE_TABLE, page_table)
-            hooks.around(TRT_CACHE_LOC, cache_loc)
-        if "fa3" in found:
-            forward = fa3_forward_hook(found["fa3"])
-            hooks.around(FA3_EXTEND, forward)
-            hooks.around(FA3_DECODE, forward)
-            if found["fa3"] == "module":
-                hooks.around(FA3_KERNEL, guard_fa3_kernel)
 
 
 FIX = SwaIndexGuard()

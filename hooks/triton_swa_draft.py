@@ -1,52 +1,20 @@
 """triton_swa_draft: Triton speculative drafts with sliding-window layers get window KV indices.
 
 Bug
-    MiMo-V2.x and Step3.5 MTP drafts (sglang's ``MiMoV2MTP`` and ``Step3p5MTP``: one
-    sliding-window attention layer on a hybrid SWA pool) run on the draft runner's
-    ``TritonAttnBackend``: draft extend (every EAGLE worker; multi-layer EAGLE, which sglang
-    turns on for ``--speculative-algorithm EAGLE``, runs nothing else) and, with ``NEXTN`` and
-    more than one step, the multi-step draft decode (``TritonMultiStepDraftBackend``). Their
-    sliding layers read ``forward_metadata.window_kv_indices``, which these paths never build:
-    - draft-extend CUDA graphs (DRAFT_EXTEND / DRAFT_EXTEND_V2 capture and replay):
-      0.5.10-0.5.12's capture/replay branch, from 0.5.13 ``_update_draft_extend_buffers``,
-      fill only the full-pool rail; ``_build_cuda_graph_forward_metadata`` hard-codes
-      ``window_kv_indices=None``;
-    - eager DRAFT_EXTEND (the non-overlap worker, 0.5.10-0.5.13): its own branch builds none;
-    - multi-step draft decode, eager and CUDA graphs: the per-step rail comes from spec_info,
-      with no window rail.
-    The kernels then get ``kv_indices=None``: a Triton compile error at CUDA-graph capture
-    (server start) or on the first draft step; a stale window buffer reads foreign slots, past
-    the SWA pool where it is smaller than the full pool (intermittent illegal memory access).
-    This module backports 0.5.23's form: a sliding layer reads the last ``sliding_window_size``
-    keys of the rail the full layers get, in SWA space. Draft extend: built by the installed
-    release's own ``update_sliding_window_buffer`` (its CUDA-graph variant where it has one)
-    into the backend's CUDA-graph window buffers, the captured metadata pointing at them.
-    Draft decode: each step's window is gathered from the step's full rail (torch ops of fixed
-    shape, translated through the pool's full->SWA mapping) into the step backend's window
-    buffers at capture, refilled after sglang's own multi-step replay.
-
+    MiMo-V2.x and Step3.5 MTP drafts run their sliding layer on ``TritonAttnBackend``, whose
+    draft-extend CUDA graphs, eager DRAFT_EXTEND and multi-step draft decode build no
+    ``window_kv_indices``: a Triton compile error at capture, or foreign slots read. Fix, as
+    0.5.23: the last ``sliding_window_size`` keys of the full rail, in SWA space, built by
+    sglang's own window helper (draft extend) or gathered per step (draft decode).
 Upstream PRs
-    #29858, #24481, the Triton half of #22679 (0.5.23: ``_update_draft_extend_buffers``
-    calls ``update_sliding_window_buffer``; the graph metadata uses the window buffers; the
-    multi-step backend builds a per-step window rail).
-
+    #29858, #24481, the Triton half of #22679.
 Affected versions
-    0.5.10-0.5.12: draft-extend graphs, eager DRAFT_EXTEND, multi-step draft decode. 0.5.13:
-    the same, in the ``_update_draft_extend_buffers`` form. 0.5.14-0.5.22: draft-extend graphs
-    and multi-step draft decode (eager draft extend runs as EXTEND, which builds its window).
-    0.5.23 and later: none.
+    0.5.10-0.5.13: all three halves; 0.5.14-0.5.22: graphs and multi-step decode.
     Status by release: applied 0.5.10-0.5.22; not needed 0.5.23+.
-
 Detection
-    Structural, on the installed ``TritonAttnBackend``: the draft-extend graph half is needed
-    where ``_update_draft_extend_buffers`` (0.5.13+) or, before it, the draft-extend branch of
-    ``init_forward_metadata_capture_cuda_graph`` calls no ``update_sliding_window_buffer``;
-    the eager half where ``init_forward_metadata`` has an ``is_draft_extend()`` branch that
-    calls none; the decode half where ``TritonMultiStepDraftBackend.common_template`` builds
-    no window rail (names no ``window_kv_indices``; 0.5.21-0.5.22's ``draft_window_size`` is
-    another feature). A release whose window helper takes parameters this module cannot
-    supply is unknown.
-
+    Syntax tree, per half: the draft-extend branches or ``_update_draft_extend_buffers``
+    call no window helper; ``common_template`` names no ``window_kv_indices``. The plan
+    holds the wrong halves' hooks in the release's graph API.
 Delete when
     The oldest supported sglang is 0.5.23 or later.
 """
@@ -55,9 +23,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+from types import SimpleNamespace
 
 from sglang_swa_plugin import graphed
-from sglang_swa_plugin.fix import Detection, Fix, Verdict, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, argument, around, hookimpl
 from sglang_swa_plugin.probe import (calls, function_text, function_tree, if_branches, optional_module, own_function,
                                      target_class)
 
@@ -150,13 +119,6 @@ def translate_window(self, indptr, bs: int, out) -> None:
     ids = out[:n]
     keep = _slots(state, n, indptr) < indptr[bs]
     out[:n] = torch.where(keep, state["translate"](torch.where(keep, ids, 0)), ids)
-
-
-_signature = functools.lru_cache(maxsize=None)(inspect.signature)
-
-
-def _bound(original, args, kwargs) -> dict:
-    return _signature(original).bind(*args, **kwargs).arguments
 
 
 def _eager(original, self, forward_batch, *args, **kwargs):
@@ -279,7 +241,7 @@ def _step_capture(self, spec_info, bs: int) -> None:
 
 def _out_graph(original, self, forward_batch, *args, **kwargs):  # 0.5.13+: a draft step's capture
     result = original(self, forward_batch, *args, **kwargs)
-    in_capture = _bound(original, (self, forward_batch, *args), kwargs).get("in_capture", False)
+    in_capture = argument(original, "in_capture", (forward_batch, *args), kwargs)
     md = self.forward_metadata
     if (in_capture and _has_window(self) and _draft_step(forward_batch.forward_mode, forward_batch.spec_info)
             and md.window_kv_indices is None):
@@ -317,7 +279,7 @@ def _multi_replay(original, self, forward_batch, *args, **kwargs):  # 0.5.10-0.5
 
 def _multi_out_graph(original, self, forward_batch, *args, **kwargs):  # 0.5.13+
     result = original(self, forward_batch, *args, **kwargs)
-    if not _bound(original, (self, forward_batch, *args), kwargs).get("in_capture", False):
+    if not argument(original, "in_capture", (forward_batch, *args), kwargs):
         _refill_steps(self, forward_batch)
     return result
 
@@ -358,44 +320,43 @@ def _graph_refill(self, key, lens_of, lens_inputs: list, req_pool_indices, bs: i
 
 def _capture(original, self, *args, **kwargs):  # 0.5.10-0.5.12
     result = original(self, *args, **kwargs)
-    a = _bound(original, (self, *args), kwargs)
-    bs, md, spec_info = a["bs"], self.forward_metadata, a["spec_info"]
+    a = lambda name: argument(original, name, args, kwargs)  # noqa: E731
+    bs, md, spec_info, mode = a("bs"), self.forward_metadata, a("spec_info"), a("forward_mode")
     if not _has_window(self) or md.window_kv_indices is not None:
         return result
-    if _draft_extend(a["forward_mode"]):
-        _graph_fill(self, _graph_prefix(self, a["forward_mode"], bs), a["req_pool_indices"], bs)
+    if _draft_extend(mode):
+        _graph_fill(self, _graph_prefix(self, mode, bs), a("req_pool_indices"), bs)
         _point_at_buffers(self, md, bs)
-    elif _draft_step(a["forward_mode"], spec_info):
+    elif _draft_step(mode, spec_info):
         _step_capture(self, spec_info, spec_info.kv_indptr.shape[0] - 1)
     return result
 
 
 def _replay(original, self, *args, **kwargs):  # 0.5.10-0.5.12
     result = original(self, *args, **kwargs)
-    a = _bound(original, (self, *args), kwargs)
-    bs = a["bs"]
-    if _draft_extend(a["forward_mode"]) and _has_window(self):
-        mode = a["forward_mode"]
+    a = lambda name: argument(original, name, args, kwargs)  # noqa: E731
+    bs, mode = a("bs"), a("forward_mode")
+    if _draft_extend(mode) and _has_window(self):
         _graph_refill(self, mode.name, lambda: _graph_prefix(self, mode, bs), [self.kv_indptr, self.qo_indptr],
-                      a["req_pool_indices"], bs)
+                      a("req_pool_indices"), bs)
     return result
 
 
 def _fill(original, self, *args, **kwargs):  # 0.5.13+: capture and replay
     result = original(self, *args, **kwargs)
     if _has_window(self):
-        a = _bound(original, (self, *args), kwargs)
-        bs, kv_indptr = a["bs"], result[1]
-        _graph_refill(self, "extend", lambda: prefix_lens(kv_indptr, bs), [kv_indptr], a.get("req_pool_indices"), bs,
-                      plan=a.get("plan"), index_table=a.get("index_table"))
+        a = lambda name: argument(original, name, args, kwargs)  # noqa: E731
+        bs, kv_indptr = a("bs"), result[1]
+        _graph_refill(self, "extend", lambda: prefix_lens(kv_indptr, bs), [kv_indptr], a("req_pool_indices"), bs,
+                      plan=a("plan"), index_table=a("index_table"))
     return result
 
 
 def _build(original, self, *args, **kwargs):  # 0.5.13+: the captured metadata
     md = original(self, *args, **kwargs)
-    a = _bound(original, (self, *args), kwargs)
-    if _draft_extend(a["forward_mode"]) and _has_window(self) and md.window_kv_indices is None:
-        _point_at_buffers(self, md, a["bs"])
+    if (_draft_extend(argument(original, "forward_mode", args, kwargs)) and _has_window(self)
+            and md.window_kv_indices is None):
+        _point_at_buffers(self, md, argument(original, "bs", args, kwargs))
     return md
 
 
@@ -435,11 +396,13 @@ def probe(cls: type) -> dict:
     return got
 
 
+# A backend with the attributes ``_values`` reads: the names it can supply, listed there once.
+_NO_BACKEND = SimpleNamespace(window_kv_indptr=None, req_to_token=None, sliding_window_size=None, device=None)
+
+
 def _helper_gap() -> "str | None":
     """A required parameter of sglang's window helper(s) that ``fill_window`` cannot supply."""
-    known = {"window_kv_indptr", "req_to_token", "sliding_window_size", "seq_lens", "req_pool_indices", "bs",
-             "device", "token_to_kv_pool_allocator", "token_to_kv_pool", "window_kv_indices", "translator", "plan",
-             "index_table"}
+    known = _values(_NO_BACKEND, None, None, 0, None, None, None).keys()
     for in_graph in (False, True):
         for p in _helper(in_graph)[1]:
             if p.default is inspect.Parameter.empty and p.name not in known:
@@ -447,19 +410,15 @@ def _helper_gap() -> "str | None":
     return None
 
 
-_probed: dict = {}
-
-
 def classify() -> Detection:
     if optional_module(MODULE) is None:
         return Detection.not_applicable("this sglang has no Triton attention backend")
     try:
-        got = probe(target_class(CLASS))
-        gap = _helper_gap()
+        cls = target_class(CLASS)
+        got, gap = probe(cls), _helper_gap()
+        new_form = own_function(cls, FILL.rsplit(".", 1)[1]) is not None
     except Exception as e:  # noqa: BLE001
         return Detection.unknown(f"Triton draft-extend metadata could not be read: {type(e).__name__}: {e}")
-    _probed.clear()
-    _probed.update(got)
     wrong = [half for half, ok in got.items() if ok is False]
     if not wrong:
         return Detection.not_needed("Triton draft extend builds window KV indices, eager and in CUDA graphs")
@@ -468,45 +427,33 @@ def classify() -> Detection:
     what = {"eager": "eager DRAFT_EXTEND builds no window KV indices",
             "graph": "CUDA-graph draft extend builds no window KV indices (window_kv_indices=None)",
             "decode": "multi-step draft decode builds no window KV indices"}
-    return Detection.needed("; ".join(what[h] for h in wrong))
+    return Detection.needed("; ".join(what[h] for h in wrong), *plan(wrong, new_form))
+
+
+def plan(wrong: "list[str]", new_form: bool) -> list:
+    """The hooks of the halves in ``wrong``; ``new_form``: the CUDA-graph metadata of 0.5.13+
+    (``_update_draft_extend_buffers``, ``init_forward_metadata_out_graph``)."""
+    hooks = {}  # target -> hook; a target two halves share is hooked once
+    if "eager" in wrong or "decode" in wrong:
+        hooks[EAGER] = _eager
+    if "graph" in wrong:
+        hooks.update({FILL: _fill, BUILD: _build} if new_form else {CAPTURE: _capture, REPLAY: _replay})
+    if "decode" in wrong:
+        hooks.update({OUT_GRAPH: _out_graph, MULTI_OUT_GRAPH: _multi_out_graph} if new_form
+                     else {CAPTURE: _capture, MULTI_REPLAY: _multi_replay})
+    return [around(target, hook) for target, hook in hooks.items()]
 
 
 class TritonSwaDraftFix(Fix):
     name = NAME
     summary = "Triton draft extend builds window KV indices (SWA space) for sliding-window draft layers"
     upstream_prs = ("#29858", "#24481", "#22679")
-    targets = (EAGER,)
+    targets = (EAGER, CAPTURE, REPLAY, FILL, BUILD, OUT_GRAPH, MULTI_REPLAY, MULTI_OUT_GRAPH)
     target_params = {EAGER: ("self", "forward_batch")}
     check_module = "sglang_swa_plugin.check.triton_swa_draft"
 
-    @staticmethod
-    def _new_form() -> bool:
-        """0.5.13+: CUDA-graph metadata through ``init_forward_metadata_out_graph``."""
-        return own_function(target_class(CLASS), FILL.rsplit(".", 1)[1]) is not None
-
-    def plan(self) -> list:
-        """``(target, hook)`` per needed half, from the last detection."""
-        new, hooks = self._new_form(), []
-        if _probed.get("eager") is False or _probed.get("decode") is False:
-            hooks.append((EAGER, _eager))
-        if _probed.get("graph") is False:
-            hooks += [(FILL, _fill), (BUILD, _build)] if new else [(CAPTURE, _capture), (REPLAY, _replay)]
-        if _probed.get("decode") is False:
-            hooks += ([(OUT_GRAPH, _out_graph), (MULTI_OUT_GRAPH, _multi_out_graph)] if new
-                      else [(CAPTURE, _capture), (MULTI_REPLAY, _multi_replay)])
-        return list(dict(hooks).items())
-
     def detect(self) -> Detection:
-        det = classify()
-        if det.verdict is Verdict.NEEDED:
-            self.targets = tuple(t for t, _ in self.plan())
-        return det
-
-    def install(self, hooks) -> None:
-        if not _probed:
-            classify()
-        for target, hook in self.plan():
-            hooks.around(target, hook)
+        return classify()
 
 
 FIX = TritonSwaDraftFix()

@@ -5,12 +5,12 @@ Bug
     attends all of them: query ``q`` sees keys ``q - sliding_window_size + 1 .. q``. The model
     (transformers), fa3, flashinfer and triton's own extend kernel (``q - k <= window``) see
     one key more. Plain decode on triton: GPT-OSS 0/32 requests equal to the float32 model.
-    The fix hands the rail builders ``sliding_window_size + 1`` (extend and verify mask the one
-    extra prefix key, so their output is unchanged) and sizes the CUDA-graph window buffer
-    for it. Upstream #32087 (closed unmerged) kept flashinfer's rule the same way.
+    Fix: the rail builders get ``sliding_window_size + 1`` (extend and verify mask the extra
+    prefix key: their output is unchanged); the CUDA-graph window buffer is sized for it.
 Upstream PRs
     #32087 (closed without merging); no upstream fix.
 Affected versions
+    0.5.10-0.5.23: every release's triton decode keeps ``sliding_window_size`` keys.
     Status by release: applied 0.5.10+.
 Detection
     Structural: the rail helper keeps ``torch.minimum(seq_lens, sliding_window_size)`` keys and
@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import inspect
 import re
-from dataclasses import dataclass
 
-from sglang_swa_plugin.fix import Detection, Fix, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, argument, around, hookimpl, with_argument
 from sglang_swa_plugin.probe import function_text, function_tree, nodes, optional_module, own_function
 
 NAME = "triton_swa_window"
@@ -39,25 +38,18 @@ _KEEPS_WINDOW_PLUS_ONE = re.compile(r"sliding_window_size\s*\+\s*1")
 _EXTEND_MASK = re.compile(r"<=\s*\(?\s*start_n\s*\+\s*offs_n\[None,\s*:\]\s*\+\s*SLIDING_WINDOW_SIZE")
 
 
-@dataclass(frozen=True)
-class WiderWindow:
-    """Around one rail builder: its ``sliding_window_size`` argument (keyword, or positional
-    at ``position``) plus one."""
-
-    position: int
-
-    def __call__(self, original, *args, **kwargs):
-        if PARAM in kwargs:
-            kwargs[PARAM] += 1
-        elif len(args) > self.position:
-            args = (*args[: self.position], args[self.position] + 1, *args[self.position + 1:])
-        return original(*args, **kwargs)
+def _wider_window(original, *args, **kwargs):
+    """Around one rail builder: its ``sliding_window_size`` argument plus one."""
+    window = argument(original, PARAM, args, kwargs, method=False)
+    args, kwargs = with_argument(original, PARAM, window + 1, args, kwargs, method=False)
+    return original(*args, **kwargs)
 
 
-def _graph_window_buffer(original, self, max_bs, max_num_tokens, *args, **kwargs):
+def _graph_window_buffer(original, self, *args, **kwargs):
     """After sglang sized ``cuda_graph_window_kv_indices`` for ``window`` keys per token: room
     for ``window + 1`` (a buffer that is larger already, sglang's full rail, is kept)."""
-    result = original(self, max_bs, max_num_tokens, *args, **kwargs)
+    result = original(self, *args, **kwargs)
+    max_num_tokens = argument(original, "max_num_tokens", args, kwargs)
     window, buf = getattr(self, "sliding_window_size", None), getattr(self, "cuda_graph_window_kv_indices", None)
     if window is not None and window > 0 and buf is not None and buf.numel() < max_num_tokens * (window + 1):
         self.cuda_graph_window_kv_indices = buf.new_zeros(max_num_tokens * (window + 1))
@@ -90,11 +82,9 @@ def classify() -> Detection:
         return Detection.unknown("triton's extend kernel no longer masks q <= k + SLIDING_WINDOW_SIZE")
     if own_function(mod.TritonAttnBackend, "init_cuda_graph_state") is None:
         return Detection.unknown("TritonAttnBackend has no init_cuda_graph_state")
-    return Detection.needed("triton decode keeps sliding_window_size keys, the model and triton's extend one more")
-
-
-def _position(fn) -> int:
-    return list(inspect.signature(fn).parameters).index(PARAM)
+    plan = [around(f"{MODULE}.{name}", _wider_window) for name, fn in zip(BUILDERS, builders) if fn is not None]
+    return Detection.needed("triton decode keeps sliding_window_size keys, the model and triton's extend one more",
+                            *plan, around(GRAPH_STATE, _graph_window_buffer))
 
 
 class TritonSwaWindowFix(Fix):
@@ -102,20 +92,12 @@ class TritonSwaWindowFix(Fix):
     summary = "triton sliding-window decode attends the window + 1 keys the model and triton's extend attend"
     upstream_prs = ("#32087",)
     # Every release has the first builder; its CUDA-graph twin (0.5.10-0.5.22) is hooked where it exists.
-    targets = (f"{MODULE}.{BUILDERS[0]}", GRAPH_STATE)
+    targets = tuple(f"{MODULE}.{name}" for name in BUILDERS) + (GRAPH_STATE,)
     target_params = {GRAPH_STATE: ("self", "max_bs", "max_num_tokens")}
     check_module = "sglang_swa_plugin.check.triton_swa_window"
 
     def detect(self) -> Detection:
         return classify()
-
-    def install(self, hooks) -> None:
-        mod = optional_module(MODULE)
-        for name in BUILDERS:
-            fn = getattr(mod, name, None)
-            if fn is not None:
-                hooks.around(f"{MODULE}.{name}", WiderWindow(_position(fn)))
-        hooks.around(GRAPH_STATE, _graph_window_buffer)
 
 
 FIX = TritonSwaWindowFix()

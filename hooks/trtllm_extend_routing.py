@@ -1,61 +1,22 @@
 """trtllm_mha: DRAFT_EXTEND_V2 reaches the decode kernel only where that kernel's contract holds.
 
 Bug
-    ``TRTLLMHAAttnBackend.forward_extend`` runs one of two flashinfer kernels.
-    ``flashinfer.decode.trtllm_batch_decode_with_kv_cache`` takes one query length for every
-    request (``q_len_per_req``; it computes ``batch = query rows // q_len_per_req``) and
-    ``seq_lens`` = per-request totals after the new K/V are written.
-    ``flashinfer.prefill.trtllm_batch_context_with_kv_cache`` takes ragged query lengths
-    (``cum_seq_lens_q``). #24566 sent DRAFT_EXTEND_V2 to the decode kernel while the draft-extend
-    metadata was still ragged (``cu_seqlens_q = cumsum(num_accept_tokens)``,
-    ``max_seq_len_q = max(num_accept_tokens)``): with requests that accepted different numbers
-    of tokens the kernel sees more "requests" than the batch has and reads page-table rows past
-    it (CUDA illegal memory access, Qwen3.5-397B + NEXTN). #24856 routed DRAFT_EXTEND_V2 back
-    to the context kernel. #25002 then gave DRAFT_EXTEND_V2 uniform-stride metadata (the stride
-    is ``num_tokens_per_req``, whatever was accepted) and #28241 re-landed the decode-kernel
-    routing on it (+4.7 % at bs=1).
-    Where the installed backend routes DRAFT_EXTEND_V2 to the decode kernel without uniform
-    metadata, this fix routes it to the context kernel again, as #24856 does: an AROUND hook
-    on ``forward_extend`` presents a DRAFT_EXTEND_V2 batch to the original method as a
-    (v1) DRAFT_EXTEND batch for the duration of the call (EXTEND where the release has no v1
-    mode), so the method's own routing picks the context kernel with the metadata it already
-    built. The decision reads the host-side ``forward_mode`` enum only: no tensor is read, no
-    device-to-host copy.
-
-    What XQA hardware (sm90/sm120) needs of a multi-token decode call (a bf16 query and the
-    spec-decode mask) is a separate fix: ``trtllm_xqa_spec_decode``.
-
+    #24566 sent DRAFT_EXTEND_V2 to the decode kernel (one query length per request) on ragged
+    draft-extend metadata: more "requests" than the batch, page-table rows read past it
+    (illegal memory access). Fix, as #24856: the batch is shown to ``forward_extend`` as
+    DRAFT_EXTEND (EXTEND without v1) for the call, so it takes the context kernel.
 Upstream PRs
-    #24566 (V2 to the decode kernel on ragged metadata, the bug), #24856 (V2 back to the
-    context kernel, the fix), #25002 (uniform V2 stride in the CUDA-graph metadata), #28241
-    (V2 to the decode kernel again, on that metadata), #29843 (fused strided graph metadata).
-
+    #24566 (the bug), #24856 (the fix), #25002 (uniform V2 metadata), #28241 (decode kernel
+    again, on it), #29843.
 Affected versions
-    No release. The bug lived on main between #24566 (merged by 2026-05-09) and #24856
-    (2026-05-13); 0.5.12 already carries #24856's text. 0.5.10-0.5.13 route DRAFT_EXTEND_V2 to
-    the context kernel; 0.5.14 and later route it to the decode kernel on uniform metadata.
-    Builds of main from that window, and backports of #24566/#28241 onto branches without
-    #25002, are affected.
+    No release: builds of main between #24566 and #24856 (2026-05-09..13), and backports of
+    #24566/#28241 onto branches without #25002.
     Status by release: not needed 0.5.10+.
-
 Detection
-    Structure, read from the installed code's syntax tree (never a version string).
-    ``routes``: in ``forward_extend``, an ``if`` whose test calls ``is_draft_extend_v2()``
-    (not negated), directly or through a flag assigned from it (``is_decode_mode``,
-    ``uses_decode_kernel``), guards a decode-kernel call (``trtllm_batch_decode_with_kv_cache``
-    or ``_run_fixed_q_len_decode``). ``uniform``: the backend's own CUDA-graph metadata
-    methods (names containing ``cuda_graph``, defined in its module) have a DRAFT_EXTEND_V2
-    branch, and none builds ``cu_seqlens_q`` from a cumsum of ``num_accept_tokens``.
-    Not routes: not needed (#24856 form). Routes and uniform: not needed (#28241 on #25002;
-    forcing the context kernel would throw away upstream's speed-up). Routes and not uniform:
-    needed. A ``forward_extend`` with no decode-kernel call, or unreadable source: unknown.
-    Checked on the sources of every release 0.5.10-0.5.23. CPU scenario:
-    ``sglang_swa_plugin.check.trtllm_extend_routing``.
-
+    Syntax tree: ``forward_extend`` routes DRAFT_EXTEND_V2 to a decode-kernel call and the
+    backend's CUDA-graph metadata builds ragged V2 offsets: needed. No decode call: unknown.
 Delete when
-    No released wheel needs it; it exists for builds of main from 2026-05-09..05-13 and for
-    backports of #24566/#28241 onto branches without #25002. Delete it when such builds are
-    no longer supported.
+    No supported build carries #24566 or #28241 without #25002.
 """
 
 from __future__ import annotations
@@ -64,10 +25,10 @@ import ast
 import inspect
 from typing import Any, Callable, Sequence
 
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl
 from sglang_swa_plugin.probe import callee, function_text, if_branches, optional_module, own_function, swapped
-from sglang_swa_plugin.trtllm_mha import (FORWARD_EXTEND as TARGET, FORWARD_EXTEND_PARAMS, MODULE, V2_TEST, Reading,
-                                          backend_class, reading, routes_v2_to_decode, syntax, tests_v2,
+from sglang_swa_plugin.trtllm_mha import (FORWARD_EXTEND as TARGET, FORWARD_EXTEND_PARAMS, MODULE, V2_TEST, has,
+                                          backend_class, routes_v2_to_decode, syntax, tests_v2,
                                           v2_branches)
 
 
@@ -83,7 +44,7 @@ def _context_mode(forward_mode: Any) -> Any:
 
 def _v2_to_context_kernel(original: Callable, self: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND ``forward_extend(self, q, k, v, layer, forward_batch, ...)``."""
-    forward_batch = args[4] if len(args) > 4 else kwargs["forward_batch"]
+    forward_batch = argument(original, "forward_batch", args, kwargs)
     mode = forward_batch.forward_mode
     if not mode.is_draft_extend_v2():
         return original(self, *args, **kwargs)
@@ -94,16 +55,16 @@ def _v2_to_context_kernel(original: Callable, self: Any, *args: Any, **kwargs: A
 # ---------------------------------------------------------------------------- detection
 
 
-def _ragged(r: Reading, body: Sequence[ast.AST]) -> bool:
+def _ragged(body: Sequence[ast.AST]) -> bool:
     """The branch builds query offsets from the accepted lengths: a cumsum over
     ``num_accept_tokens`` (directly or through a local assigned from it)."""
-    if not any(r.has(stmt, "call", "cumsum") for stmt in body):
+    if not any(has(stmt, "call", "cumsum") for stmt in body):
         return False
     nodes = [n for stmt in body for n in ast.walk(stmt)]
-    accept = frozenset(t.id for n in nodes if isinstance(n, ast.Assign) and r.has(n.value, "attr", "num_accept_tokens")
+    accept = frozenset(t.id for n in nodes if isinstance(n, ast.Assign) and has(n.value, "attr", "num_accept_tokens")
                        for t in n.targets if isinstance(t, ast.Name))
     return any(isinstance(n, ast.Call) and callee(n) == "cumsum"
-               and (r.has(n, "attr", "num_accept_tokens") or r.has(n, "name", *accept)) for n in nodes)
+               and (has(n, "attr", "num_accept_tokens") or has(n, "name", *accept)) for n in nodes)
 
 
 def uniform_v2_metadata(cls: type) -> bool:
@@ -132,7 +93,7 @@ def uniform_v2_metadata(cls: type) -> bool:
         tree = syntax(raw)
         bodies = list(v2_branches(tree))
         found = found or bool(bodies)
-        if may_be_ragged and any(_ragged(reading(tree), body) for body in bodies):
+        if may_be_ragged and any(_ragged(body) for body in bodies):
             return False
     return found
 
@@ -170,10 +131,7 @@ class TrtllmExtendRoutingFix(Fix):
     check_module = "sglang_swa_plugin.check.trtllm_extend_routing"
 
     def detect(self) -> Detection:
-        return classify()
-
-    def install(self, hooks) -> None:
-        hooks.around(TARGET, _v2_to_context_kernel)
+        return classify().with_plan(around(TARGET, _v2_to_context_kernel))
 
 
 FIX = TrtllmExtendRoutingFix()

@@ -1,55 +1,21 @@
 """trtllm_mha: every ``TRTLLMHAAttnBackend`` resolves its SWA KV pool by upstream's final rule.
 
 Bug
-    A hybrid SWA model keeps two KV pools with separate index spaces; SWA layers must read
-    through ``SWAKVPool.translate_loc_from_full_to_swa``. In 0.5.10-0.5.12
-    ``TRTLLMHAAttnBackend.__init__`` decides "SWA" from the allocator type
-    (``isinstance(allocator, SWATokenToKVPoolAllocator)``, then ``allocator.get_kvcache()``).
-    An EAGLE/EAGLE3 draft worker owns its own full-only KV pool but shares the target's SWA
-    allocator, so its backend translates its own indices through the target's SWA mapping
-    and reads the wrong KV: draft acceptance drops. The two fixes tried on main each broke
-    the other case: #25103 (pool type only) drops the SWA pool of a FROZEN_KV MTP draft,
-    which reads the target's SWA pool through a swapped pool (CUDA illegal memory access);
-    #26966 (allocator only) brings the EAGLE bug back. Upstream settled on one rule:
-      1. the active pool (``model_runner.token_to_kv_pool``) is an SWAKVPool: use it;
-      2. else a draft worker whose algorithm is not FROZEN_KV MTP: None;
-      3. else ``allocator.get_kvcache()`` if it is an SWAKVPool, else None.
-    This module backports exactly that rule (``resolve_swa_kv_pool``).
-
-    How the backend factory is replaced: every factory that builds a trtllm_mha backend
-    ends in ``TRTLLMHAAttnBackend.__init__`` (the ``ATTENTION_BACKENDS["trtllm_mha"]``
-    registry factory for targets and topk==1 FROZEN_KV drafts, ``DraftBackendFactory``'s
-    draft-extend backend, ``TRTLLMHAAttnMultiStepDraftBackend``'s per-step backends, the
-    FROZEN_KV topk>1 draft backend). One AROUND hook on that constructor therefore reaches
-    all of them, and the class itself stays the same object, so ``isinstance`` checks
-    (``eagle_worker_v2``'s draft-extend CUDA-graph whitelist) keep working. The hook
-    resolves the pool once, makes a class-level ``_resolve_swa_kv_pool`` (where one exists)
-    answer with it on this instance while the original constructor runs, so whatever the
-    constructor derives from the pool agrees, then sets ``_swa_kv_pool`` and
-    ``use_sliding_window_kv_pool`` (the guards of every form read one or the other). The
-    SWA page-table CUDA-graph buffers are allocated later by ``init_cuda_graph_state``
-    through ``_alloc_swa_page_table``, keyed on those guards, so they follow. Nothing
-    runs per forward step.
-
+    0.5.10-0.5.12 choose "SWA" from the allocator type: an EAGLE draft (own full pool, the
+    target's SWA allocator) translates its indices through the target's SWA mapping, reads
+    wrong KV, and acceptance drops. Fix: an AROUND hook on the constructor applies #27491's
+    rule (active pool; draft-worker guard; allocator), once per backend.
 Upstream PRs
-    #25103 (pool type only), #26966 (allocator only, ``_resolve_swa_kv_pool``), #27491
-    (the final rule: active pool, draft-worker guard, allocator).
-
+    #25103 (pool type only), #26966 (allocator only), #27491 (the final rule).
 Affected versions
-    0.5.10, 0.5.11, 0.5.12 (allocator-type form). Builds from main carrying #25103 alone
-    or #26966 alone are affected too. 0.5.13 and later carry #27491: nothing is installed.
+    0.5.10-0.5.12 (allocator-type form); builds of main carrying #25103 or #26966 alone.
     Status by release: applied 0.5.10-0.5.12; not needed 0.5.13+.
-
 Detection
-    Where the class has ``_resolve_swa_kv_pool``, it is called on three stand-in runners
-    (target with an SWAKVPool; EAGLE draft with a full pool; FROZEN_KV draft with a full
-    pool), each sharing an SWA allocator: the final rule answers pool / None / pool.
-    Without a resolver, the constructor's source is read: an allocator-type or a pool-type
-    test is a known buggy form. Anything else is reported as unknown.
-
+    ``_resolve_swa_kv_pool`` run for a target, an EAGLE draft and a FROZEN_KV draft on
+    stand-ins (pool / None / pool is the final rule); without it, the constructor's
+    allocator-type or pool-type test. Else unknown.
 Delete when
-    The oldest supported sglang is 0.5.13 or later (every release from 0.5.13 carries
-    #27491).
+    The oldest supported sglang is 0.5.13 or later.
 """
 
 from __future__ import annotations
@@ -59,7 +25,7 @@ import re
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from sglang_swa_plugin.fix import Detection, Fix, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, argument, around, hookimpl
 from sglang_swa_plugin.probe import (compact, normalized_source, optional_module, own_function, swa_allocator_class,
                                      swa_pool_class)
 from sglang_swa_plugin.trtllm_mha import CLASS, MODULE, backend_class
@@ -95,7 +61,7 @@ def resolve_swa_kv_pool(model_runner: Any) -> Optional[Any]:
 
 
 def _init_with_final_rule(original, self, *args, **kwargs):
-    model_runner = args[0] if args else kwargs["model_runner"]
+    model_runner = argument(original, "model_runner", args, kwargs)
     try:
         pool = resolve_swa_kv_pool(model_runner)
     except Exception as e:  # noqa: BLE001 - an odd runner: leave sglang's own behaviour
@@ -175,10 +141,7 @@ class TrtllmSwaPoolFix(Fix):
     check_module = "sglang_swa_plugin.check.trtllm_swa_pool"
 
     def detect(self) -> Detection:
-        return classify()
-
-    def install(self, hooks) -> None:
-        hooks.around(INIT, _init_with_final_rule)
+        return classify().with_plan(around(INIT, _init_with_final_rule))
 
 
 FIX = TrtllmSwaPoolFix()

@@ -1,21 +1,18 @@
 """trtllm_mha on XQA (sm90/sm120): single-token decode calls get the query dense.
+
 Bug
-    #22517 made the XQA query ``q.reshape(...)`` (was ``q.contiguous().view(...)``). GPT-OSS,
-    MiMo-V2 and Llama 4 pass q as a split view of their fused qkv (rope in place): rows strided
-    by q+k+v. XQA reads the query as dense, so batched requests read other rows (H100, 0.5.11:
-    16 at once vs one at a time 5/32 identical, fa3 23/32). The fix hands ``forward_decode``
-    a dense query on XQA where it is strided, as #31667 does (no sync, graph-safe);
-    multi-token calls are dense through trtllm_xqa_spec_decode.
+    #22517 made the XQA query ``q.reshape(...)``; models pass q as a view of their fused qkv
+    (rows strided by q+k+v) and XQA reads it as dense: batched requests read other rows.
+    Fix, as #31667: on XQA ``forward_decode`` gets the query dense where it is strided.
 Upstream PRs
     #31641 (issue), #31667 (the fix, ``forward_decode``), #22517 (the cause).
 Affected versions
-    ``forward_decode`` (plain decode, EAGLE draft steps) 0.5.11-0.5.15; copied on XQA from
-    0.5.16. Not Blackwell. Not covered: ``forward_extend``'s one-token ENCODER_ONLY verify rows
-    of 0.5.17-0.5.18 (DFlash drafts, outside the modes the plugin serves).
+    ``forward_decode`` 0.5.11-0.5.15; copied on XQA from 0.5.16. Not Blackwell. Not
+    covered: DFlash's ENCODER_ONLY verify rows (outside the plugin's modes).
     Status by release: not needed 0.5.10; applied 0.5.11-0.5.15; not needed 0.5.16+.
 Detection
-    Per method, its text (upstream's forms) or else its syntax tree: ``q = q.reshape(...)``
-    outside a non-XQA branch, and a decode call with one query token per request.
+    Per method, its text or else its syntax tree: ``q = q.reshape(...)`` outside a non-XQA
+    branch, and a decode call with one query token per request.
 Delete when
     0.5.16 is the oldest supported sglang.
 """
@@ -26,11 +23,10 @@ import ast
 import re
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, hookimpl
-from sglang_swa_plugin.patching import target_marks
-from sglang_swa_plugin.probe import callee, compact, function_text, optional_module, own_function
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl, with_argument
+from sglang_swa_plugin.probe import callee, compact, function_text, nodes, optional_module, own_function
 from sglang_swa_plugin.trtllm_mha import (DECODE_KERNELS, FORWARD_DECODE, FORWARD_DECODE_PARAMS, MODULE, XQA_FLAG,
-                                          backend_class, reading, syntax)
+                                          backend_class, syntax)
 
 NAME = "trtllm_xqa_dense_query"
 TARGETS = {"forward_decode": FORWARD_DECODE}
@@ -39,12 +35,13 @@ TARGETS = {"forward_decode": FORWARD_DECODE}
 # ---------------------------------------------------------------------------- the hook
 
 
-def _dense_query(original: Any, self: Any, q: Any, *args: Any, **kwargs: Any) -> Any:
+def _dense_query(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND ``forward_decode``: on XQA, a strided query is handed on dense (upstream's
     ``q.contiguous()``; one copy, captured with the graph, no sync)."""
+    q = argument(original, "q", args, kwargs)
     if getattr(self, XQA_FLAG, False) and not q.is_contiguous():
-        q = q.contiguous()
-    return original(self, q, *args, **kwargs)
+        args, kwargs = with_argument(original, "q", q.contiguous(), args, kwargs)
+    return original(self, *args, **kwargs)
 
 
 # ---------------------------------------------------------------------------- detection
@@ -159,7 +156,7 @@ def _body_indent(text: str) -> int:
 def tree_verdict(method: str, tree: Any, xqa_flags: Callable[[], frozenset]) -> Tuple[Optional[bool], str]:
     """``method_verdict`` on a method's syntax tree; ``xqa_flags()``: the attributes that are
     true exactly on XQA hardware (read from ``__init__`` only when a guard needs them)."""
-    walked = reading(tree).nodes  # one walk per tree, shared with the other trtllm_mha fixes
+    walked = nodes(tree)
     shapes = _query_shapes(walked)
     if not shapes:
         return None, f"{method}: no `q = q.reshape/view(...)` of the query found"
@@ -189,17 +186,6 @@ def _dense_argument(call: Any) -> bool:
     return any(kw.arg == "query" and "contiguous" in _chain(kw.value)[1] for kw in call.keywords)
 
 
-def needed_methods() -> Dict[str, str]:
-    """{method: why} for the methods that need the hook (TargetMissing if one is gone)."""
-    cls = backend_class()
-    out = {}
-    for method in TARGETS:
-        needed, why = method_verdict(cls, method)
-        if needed:
-            out[method] = why
-    return out
-
-
 def classify() -> Detection:
     if optional_module(MODULE) is None:
         return Detection.not_applicable("this sglang has no trtllm_mha backend")
@@ -212,8 +198,9 @@ def classify() -> Detection:
     if unknown:
         return Detection.unknown("; ".join(unknown))
     needed = [why for needed, why in verdicts if needed]
-    if needed:
-        return Detection.needed("; ".join(needed))
+    if needed:  # the hook goes on the methods that need it
+        return Detection.needed("; ".join(needed), *(around(TARGETS[m], _dense_query)
+                                                     for m, (n, _) in zip(TARGETS, verdicts) if n))
     return Detection.not_needed("; ".join(why for _, why in verdicts))
 
 
@@ -227,11 +214,6 @@ class TrtllmXqaDenseQueryFix(Fix):
 
     def detect(self) -> Detection:
         return classify()
-
-    def install(self, hooks) -> None:
-        for method in needed_methods():
-            if NAME not in target_marks(TARGETS[method]):  # already in effect (a second load)
-                hooks.around(TARGETS[method], _dense_query)
 
 
 FIX = TrtllmXqaDenseQueryFix()

@@ -1,85 +1,19 @@
 """trtllm_mha on XQA hardware: multi-token decode-kernel calls get a bf16 query and the spec-decode mask.
 
 Bug
-    On sm90/sm120 (``is_xqa_impl``) ``flashinfer.decode.trtllm_batch_decode_with_kv_cache``
-    runs the XQA kernel. For more than one query token per request (``q_len_per_req > 1``:
-    TARGET_VERIFY and, from 0.5.14, DRAFT_EXTEND_V2 in ``forward_extend``) XQA needs
-    (a) a causal spec-decode mask, or it asserts "Mask is required for speculative decoding";
-    (b) a bf16 query even with an FP8 KV cache, or it asserts "Output and query must have the
-        same dtype" (its JIT has no FP8-query variant).
-    0.5.10-0.5.20 never pass the mask. 0.5.14-0.5.21 quantize the query to FP8 for XQA on
-    every mode but TARGET_VERIFY (0.5.14 ``force_fp8=not is_target_verify()``, 0.5.15-0.5.21
-    ``not self.is_xqa_impl or not is_target_verify()``), so DRAFT_EXTEND_V2 with an FP8 KV
-    cache hands XQA an FP8 query. 0.5.21 passes its mask for TARGET_VERIFY only. 0.5.22 keys
-    both choices on "uses the decode kernel" (``uses_decode_kernel``: the mask choice and the
-    FP8-query test in ``forward_extend``).
-    So with trtllm_mha for decode on Hopper and ``--speculative-attention-mode decode`` (or
-    ``--speculative-draft-attention-backend trtllm_mha``) the first verify or draft-extend step
-    fails. Loud, never wrong numbers; seen on an H100 with flashinfer's real XQA kernel
-    (``tests/gpu/fp8_xqa_probe.py``, tests/gpu/RESULTS.md).
-    The fix does what 0.5.22 does (except on sliding-window layers, below), around
-    ``forward_extend`` and only where ``is_xqa_impl``:
-    - a DRAFT_EXTEND_V2 batch whose query rows are ``batch * max_seq_len_q`` (the decode
-      kernel's contract; see trtllm_extend_routing) is shown to the method as TARGET_VERIFY,
-      which runs the same decode-kernel branch on the same metadata, with the release's own
-      bf16-query rule (ENCODER_ONLY layers, which TARGET_VERIFY treats differently, are left
-      alone);
-    - for the call, the module's ``flashinfer`` name is a view of flashinfer whose decode
-      entry point adds the causal mask when ``q_len_per_req > 1`` and none was given. The mask
-      is 0.5.22's (row r of a request's draft attends to draft rows 0..r; uint16 words), kept
-      per backend and per query length, and never freed while a CUDA graph may point at it;
-    - the query goes to XQA dense: models hand over q as a view of their fused qkv
-      projection (rows strided by q+k+v), and XQA reads its rows as if dense (every
-      flashinfer measured, 0.6.8-0.7.2: relative error 0.68-1.30 for a strided query, 0.003
-      dense; on a real 0.5.11 server 0/32 bf16 outputs equal the no-spec ones without the
-      copy, 32/32 with it). An FP8 query was already a fresh tensor, so FP8 KV caches never
-      showed this.
-    Host-side decisions only (forward mode, tensor shapes, ints): no device-to-host copy.
-    Under CUDA graphs (sglang's default) every derived tensor is made inside the pass that
-    uses it: sglang runs a batch size's pass eagerly, then captures it on the same static
-    buffers, and replays it with no Python; rows derived in the eager run would be stale
-    at every replay (6b08c25 did that: wrong tokens from the first verify step).
-
-    Sliding-window layers get no mask but one single-token request per draft row, on
-    purpose. Measured on an H100 with flashinfer 0.6.12's real XQA kernel
-    (tests/gpu/xqa_window_semantics.py, tests/gpu/RESULTS.md): with the mask and
-    ``window_left`` 16 or 31, a 4-token call differs from windowed causal attention by
-    73-95 % (relative max error) whichever way the window is anchored, while the same call
-    without a window, and every single-token windowed call, match (0.3-2.7 %). 0.5.22 passes
-    the mask for SWA layers too; on a real 0.5.11 server, giving every layer the mask made
-    0 of 8 greedy outputs equal those of the same server without speculative decoding.
-    Row r of a request whose ``seq_lens`` (after the draft's K/V) is S sees keys
-    ``S - q_len + r`` and before, within the window: exactly causal attention.
-
+    On sm90/sm120 XQA runs TARGET_VERIFY (and DRAFT_EXTEND_V2 from 0.5.14); it asserts
+    without a spec-decode mask or with an FP8 query: the first verify step fails. Fix, as
+    0.5.22: around ``forward_extend`` on XQA, the causal mask, a dense bf16 query, V2 shown
+    as TARGET_VERIFY; sliding-window layers get one single-token request per draft row.
 Upstream PRs
-    #32269 "Support XQA backend for SpecDec verify" (the mask, TARGET_VERIFY; in 0.5.21), then
-    0.5.22's change keying the query dtype and the mask on ``uses_decode_kernel`` (PR number
-    not found). #28241 (DRAFT_EXTEND_V2 to the decode kernel, 0.5.14) made the draft-extend
-    half reachable. flashinfer #4137 "ragged Q and per-row sliding-window masking for
-    speculative decode" (merged 2026-07) is the kernel-side change that the windowed
-    multi-token XQA path measured below lacks (flashinfer 0.6.12).
-
+    #32269 (mask for TARGET_VERIFY, 0.5.21), #28241 (V2 to the decode kernel), flashinfer
+    #4137 (windowed multi-token XQA).
 Affected versions
-    0.5.10-0.5.20: TARGET_VERIFY through trtllm_mha on XQA (no mask). 0.5.14-0.5.21:
-    DRAFT_EXTEND_V2 through it (FP8 query with an FP8 KV cache; no mask). 0.5.22+: mask and
-    query dtype fixed, and their flashinfer (0.7.1, 0.7.2) computes the windowed multi-token
-    call exactly (measured); from 0.5.19 ``forward_extend`` copies the query on XQA hardware
-    (``use_fmha_v2``, set from the same sm90/sm120 test as ``is_xqa_impl``), so the query is
-    dense there too (single-token XQA calls before that: trtllm_xqa_dense_query).
-    Blackwell (sm100, trtllm-gen kernel) is not affected and the hook does nothing there.
+    0.5.10-0.5.20: no mask; 0.5.14-0.5.21: DRAFT_EXTEND_V2 with FP8 query. Not Blackwell.
     Status by release: applied 0.5.10-0.5.21; not needed 0.5.22+.
-
 Detection
-    Structure of the installed ``forward_extend`` (its syntax tree, shared with
-    trtllm_extend_routing; never a version string). Multi-token decode calls are those
-    reached for TARGET_VERIFY, and for DRAFT_EXTEND_V2 where the method routes it to the
-    decode kernel. Needed when one of them gets no ``mask=``, or a mask chosen on
-    ``is_target_verify()`` alone while DRAFT_EXTEND_V2 is routed there too, or when the query
-    is made FP8 under a test of ``is_target_verify()`` that does not cover DRAFT_EXTEND_V2.
-    ``tests/test_trtllm_xqa_spec_decode.py`` checks on every matrix version that this verdict
-    equals what the real backend does (``reproduce``: a real backend with ``is_xqa_impl`` set
-    and an FP8 KV dtype, kernels recorded).
-
+    Syntax tree of ``forward_extend``: a multi-token decode call without ``mask=``, a mask or
+    bf16 query keyed on ``is_target_verify()`` alone while V2 is routed there: needed.
 Delete when
     0.5.22 (with a flashinfer that carries #4137) is the oldest supported sglang.
 """
@@ -88,11 +22,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl
 from sglang_swa_plugin.probe import callee, optional_module, own_function, swapped
 from sglang_swa_plugin.trtllm_mha import (CLASS, DECODE_KERNELS, FORWARD_EXTEND as TARGET, FORWARD_EXTEND_PARAMS,
-                                          MODULE, V2_TEST, XQA_FLAG, ModuleView, Reading, backend_class, flashinfer_view,
-                                          reading, routes_v2_to_decode, syntax, v2_flags, with_decode_entry)
+                                          MODULE, V2_TEST, XQA_FLAG, ModuleView, backend_class, flashinfer_view, has,
+                                          nodes, routes_v2_to_decode, tests_v2, syntax, v2_flags, with_decode_entry)
 
 TARGET_VERIFY_TEST = "is_target_verify"
 
@@ -236,15 +170,14 @@ def _xqa_multi_token(v2_decode: bool) -> Callable:
     so showing it as TARGET_VERIFY keeps the kernel and the metadata."""
 
     def hook(original: Callable, self: Any, *args: Any, **kwargs: Any) -> Any:
-        forward_batch = args[4] if len(args) > 4 else kwargs["forward_batch"]
+        forward_batch = argument(original, "forward_batch", args, kwargs)
         mode = forward_batch.forward_mode
         verify = mode.is_target_verify()
         if not getattr(self, XQA_FLAG, False) or not (verify or mode.is_draft_extend_v2()):
             return original(self, *args, **kwargs)
         mod, view = flashinfer_view(self, "_swa_plugin_xqa_flashinfer", lambda fi: _masking_flashinfer(
             fi, self.__dict__.setdefault("_swa_plugin_xqa_state", _XqaState())))
-        q = args[0] if args else kwargs["q"]
-        layer = args[3] if len(args) > 3 else kwargs["layer"]
+        q, layer = argument(original, "q", args, kwargs), argument(original, "layer", args, kwargs)
         self._swa_plugin_xqa_state.layer_id = layer.layer_id
         shown = mode
         if not verify and v2_decode and _uniform(q, forward_batch, self.forward_metadata) and not _encoder_only(layer):
@@ -263,19 +196,19 @@ def _encoder_only(layer: Any) -> bool:
 # ---------------------------------------------------------------------------- detection
 
 
-def _mask_values(r: Reading) -> List[Any]:
+def _mask_values(tree: Any) -> List[Any]:
     """Expressions passed as ``mask=`` to decode-kernel calls, with a local name resolved to
     the expressions assigned to it."""
     import ast
 
     assigned: Dict[str, List[Any]] = {}
-    for node in r.nodes:
+    for node in nodes(tree):
         if isinstance(node, ast.Assign):
             for t in node.targets:
                 if isinstance(t, ast.Name):
                     assigned.setdefault(t.id, []).append(node.value)
     values = []
-    for node in r.nodes:
+    for node in nodes(tree):
         if isinstance(node, ast.Call) and callee(node) in DECODE_KERNELS:
             for kw in node.keywords:
                 if kw.arg == "mask":
@@ -284,24 +217,24 @@ def _mask_values(r: Reading) -> List[Any]:
     return values
 
 
-def _fp8_query_tests(r: Reading) -> List[Any]:
+def _fp8_query_tests(tree: Any) -> List[Any]:
     """Conditions under which ``forward_extend`` makes the query FP8 for an FP8 KV cache:
     tests mentioning ``data_type`` of ``if``s whose body converts to ``float8_e4m3fn``, and
     ``force_fp8=`` arguments (0.5.14's ``_maybe_quantize_q`` keeps bf16 for XQA unless forced)."""
     import ast
 
     tests = []
-    for node in r.nodes:
-        if (isinstance(node, ast.If) and r.has(node.test, "attr", "data_type")
-                and any(r.has(s, "attr", "float8_e4m3fn") for s in node.body)):
+    for node in nodes(tree):
+        if (isinstance(node, ast.If) and has(node.test, "attr", "data_type")
+                and any(has(s, "attr", "float8_e4m3fn") for s in node.body)):
             tests.append((node.test, False))
         if isinstance(node, ast.keyword) and node.arg == "force_fp8":
             tests.append((node.value, True))
     return tests
 
 
-def _covers_v2(r: Reading, test: Any, tree: Any) -> bool:
-    return r.has(test, "name", *v2_flags(tree)) or r.has(test, "call", V2_TEST)
+def _covers_v2(test: Any, tree: Any) -> bool:
+    return has(test, "name", *v2_flags(tree)) or has(test, "call", V2_TEST)
 
 
 def classify() -> Detection:
@@ -318,22 +251,22 @@ def classify() -> Detection:
         return Detection.unknown(f"source of TRTLLMHAAttnBackend unreadable: {type(e).__name__}: {e}")
     if v2_decode is None:
         return Detection.unknown("forward_extend calls no decode kernel: routing not recognised")
-    r = reading(tree)
     modes = "TARGET_VERIFY and DRAFT_EXTEND_V2 reach" if v2_decode else "TARGET_VERIFY reaches"
     reasons = []
-    masks = _mask_values(r)
+    masks = _mask_values(tree)
     if not masks:
         reasons.append(f"{modes} the XQA decode kernel with no spec-decode mask")
-    elif v2_decode and all(r.has(m, "call", TARGET_VERIFY_TEST) and not r.tests_v2(m) for m in masks):
+    elif v2_decode and all(has(m, "call", TARGET_VERIFY_TEST) and not tests_v2(m) for m in masks):
         reasons.append("the spec-decode mask is passed for TARGET_VERIFY only, not DRAFT_EXTEND_V2")
-    for test, forced in _fp8_query_tests(r):
-        if not forced and not r.has(test, "attr", XQA_FLAG):
+    for test, forced in _fp8_query_tests(tree):
+        if not forced and not has(test, "attr", XQA_FLAG):
             reasons.append("an FP8 KV cache makes the multi-token query FP8 for XQA too")
-        elif v2_decode and r.has(test, "call", TARGET_VERIFY_TEST) and not _covers_v2(r, test, tree):
+        elif v2_decode and has(test, "call", TARGET_VERIFY_TEST) and not _covers_v2(test, tree):
             reasons.append("DRAFT_EXTEND_V2 gets an FP8 query on XQA (bf16 is kept for TARGET_VERIFY only)")
+    plan = around(TARGET, _xqa_multi_token(v2_decode))
     if reasons:
-        return Detection.needed("; ".join(dict.fromkeys(reasons)))
-    return Detection.not_needed(f"{modes} XQA with the spec-decode mask and a bf16 query")
+        return Detection.needed("; ".join(dict.fromkeys(reasons)), plan)
+    return Detection.not_needed(f"{modes} XQA with the spec-decode mask and a bf16 query", plan)
 
 
 class TrtllmXqaSpecDecodeFix(Fix):
@@ -346,10 +279,6 @@ class TrtllmXqaSpecDecodeFix(Fix):
 
     def detect(self) -> Detection:
         return classify()
-
-    def install(self, hooks) -> None:
-        forward_extend = own_function(backend_class(), "forward_extend")
-        hooks.around(TARGET, _xqa_multi_token(bool(routes_v2_to_decode(forward_extend))))
 
 
 FIX = TrtllmXqaSpecDecodeFix()

@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 def register() -> None:
     """Called by sglang's ``load_plugins()``. Idempotent, cheap, never raises."""
     try:
-        from .core import register as _register
+        from .startup import register as _register
     except Exception:  # noqa: BLE001 - e.g. a dependency missing: sglang must still start
         import logging
 
@@ -22,7 +22,7 @@ def register() -> None:
 def status() -> dict:
     """What actually took effect in this process: per fix its status, reason, upstream
     PRs and whether its hooks are in effect right now."""
-    from .core import status as _status
+    from .startup import status as _status
 
     return _status()
 

@@ -34,7 +34,7 @@ def _activate() -> None:
 
         if not config.get().enabled:
             return
-        from sglang_swa_plugin.core import register
+        from sglang_swa_plugin.startup import register
 
         register("start-up hook")
     except Exception:  # noqa: BLE001 - e.g. a dependency missing: the scheduler must still start

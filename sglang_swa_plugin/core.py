@@ -6,12 +6,8 @@ import contextlib
 import importlib
 import logging
 from dataclasses import asdict, dataclass, field
-import os
-import sys
-from importlib.metadata import PathDistribution, entry_points
-from pathlib import Path
-from types import ModuleType
-from typing import Any, Dict, Iterator, List, Optional
+from importlib.metadata import entry_points
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import pluggy
 
@@ -22,6 +18,7 @@ from .fix import (
     Detection,
     Fix,
     FixSpecs,
+    Hook,
     TargetMissing,
     Verdict,
     split_target,
@@ -105,77 +102,6 @@ BUILTIN_MODULES = (
 BROKEN: Dict[str, str] = {}  # built-in fix module -> why it cannot be imported
 
 
-def _read(path: str) -> bytes:
-    """The bytes of a file (``os.open``/``os.read``: no file object, no decoding); OSError
-    where there is none."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        chunks = []
-        while True:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-
-
-def _dist_key(stem: str) -> str:
-    """``re.sub(r"[-_.]+", "_", name).lower()`` of a distribution directory's name."""
-    key = stem.partition("-")[0].replace("-", "_").replace(".", "_").lower()
-    while "__" in key:
-        key = key.replace("__", "_")
-    return key
-
-
-def fix_entry_points() -> list:
-    """The ``sglang_swa_plugin.fixes`` entry points of the installed distributions, as
-    ``entry_points(group=...)`` gives them (first distribution of a name on ``sys.path``
-    wins), without building every distribution's metadata: each ``*.dist-info`` /
-    ``*.egg-info`` directory's ``entry_points.txt`` is read as bytes and only those naming
-    the group are parsed (``entry_points()`` over some hundred distributions costs 10-20 ms).
-    A ``sys.path`` entry that is not a directory (a zip): ``entry_points()`` itself."""
-    header = f"[{FIXES_ENTRY_POINT_GROUP}]".encode()
-    seen, found = set(), []
-    for entry in sys.path:
-        try:
-            names = sorted(os.listdir(entry or "."))
-        except NotADirectoryError:
-            return list(entry_points(group=FIXES_ENTRY_POINT_GROUP))
-        except OSError:
-            continue
-        for name in names:
-            if not name.endswith((".dist-info", ".egg-info")):
-                continue
-            dist = _dist_key(name.rpartition(".")[0])
-            if dist in seen:
-                continue
-            seen.add(dist)
-            try:
-                if header not in _read(os.path.join(entry or ".", name, "entry_points.txt")):
-                    continue
-            except OSError:
-                continue
-            found += PathDistribution(Path(entry or ".", name)).entry_points.select(group=FIXES_ENTRY_POINT_GROUP)
-    return found
-
-
-HOOK_NAMES = tuple(n for n in vars(FixSpecs) if not n.startswith("_"))
-
-
-def _carrier(mod: Any, name: str) -> ModuleType:
-    """What pluggy registers for a fix module: a bare module holding only the module's
-    implementations of our hook specifications. pluggy's ``register`` inspects every
-    attribute of what it is given (``inspect.getattr_static`` per name: some hundreds for
-    our modules, 5-10 ms in all); the hook implementations, their markers (``tryfirst``...)
-    and pluggy's validation against the specifications are the same."""
-    carrier = ModuleType(name)
-    for hook in HOOK_NAMES:
-        if hasattr(mod, hook):
-            setattr(carrier, hook, getattr(mod, hook))
-    return carrier
-
-
 def load_fixes() -> "List[tuple[Fix, str]]":
     """Built-in fixes plus third-party fixes from the ``sglang_swa_plugin.fixes``
     entry-point group, as (fix, source). A module that cannot be imported is recorded in
@@ -195,19 +121,17 @@ def load_fixes() -> "List[tuple[Fix, str]]":
         except Exception as e:  # noqa: BLE001
             BROKEN[modname] = f"{type(e).__name__}: {e}"
             continue
-        carrier = _carrier(mod, modname)
-        pm.register(carrier, name=modname)
+        pm.register(mod, name=modname)
         registered[id(mod)] = mod
-        sources[id(carrier)] = "builtin"
-    for ep in fix_entry_points():
+        sources[id(mod)] = "builtin"
+    for ep in entry_points(group=FIXES_ENTRY_POINT_GROUP):
         try:
             mod = ep.load()
             if id(mod) in registered:
                 continue
-            carrier = _carrier(mod, f"entry point {ep.name}")
-            pm.register(carrier, name=f"entry point {ep.name}")
+            pm.register(mod, name=f"entry point {ep.name}")
             registered[id(mod)] = mod
-            sources[id(carrier)] = f"entry point {ep.name} ({ep.value})"
+            sources[id(mod)] = f"entry point {ep.name} ({ep.value})"
         except Exception as e:  # noqa: BLE001 - a broken third party must not break us
             emit(logging.WARNING, "sglang-swa-plugin: could not load third-party fix %s (%s): %s", ep.name, ep.value, e)
     out: List[tuple] = []
@@ -248,11 +172,17 @@ def _record(fix: Fix, source: str, status: str, reason: str, selected: bool = Tr
     )
 
 
+# The status a fix gets where its detection says it is not to be installed.
+NOT_INSTALLED = {Verdict.NOT_NEEDED: NOT_NEEDED, Verdict.NOT_APPLICABLE: NOT_APPLICABLE, Verdict.UNKNOWN: UNKNOWN,
+                 Verdict.TARGET_MOVED: SKIPPED}
+
+
 def safe_detect(fix: Fix) -> Detection:
+    """``fix.detect()``; whatever it raises becomes an UNKNOWN (or TARGET_MOVED) detection."""
     try:
         det = fix.detect()
     except TargetMissing as e:
-        return Detection(Verdict.UNKNOWN, e.reason())
+        return e.detection()
     except ImportFailed as e:
         return Detection.unknown(str(e))
     except Exception as e:  # noqa: BLE001
@@ -273,34 +203,29 @@ def decide(fix: Fix, source: str, cfg: _config.Config, hooks_factory) -> FixReco
     if not cfg.selected(fix.name):
         return _record(fix, source, DISABLED, f"not selected by {_config.FIXES}={cfg.raw.get(_config.FIXES)}", False)
     already = [t for t in fix.targets if fix.name in target_marks(t)]
-    if already and len(already) == len(fix.targets):
+    if already:  # a fix's hooks go in all together (DirectHooks undoes a partial install)
         rec = _record(fix, source, APPLIED, "already installed in this process")
         rec.installed_targets = already
         return rec
     det = safe_detect(fix)
-    if det.verdict is Verdict.NOT_NEEDED:
-        return _record(fix, source, NOT_NEEDED, det.reason)
-    if det.verdict is Verdict.NOT_APPLICABLE:
-        return _record(fix, source, NOT_APPLICABLE, det.reason)
-    if det.verdict is Verdict.UNKNOWN:
-        status = SKIPPED if det.reason.startswith("target moved") else UNKNOWN
-        return _record(fix, source, status, det.reason)
+    if det.verdict is not Verdict.NEEDED:
+        return _record(fix, source, NOT_INSTALLED[det.verdict], det.reason)
     hooks = hooks_factory(fix.name)
     try:
-        for t in fix.targets:
+        for t in det.targets:
             split_target(t)
-        fix.install(hooks)
+        hooks.install(det.plan)
     except TargetMissing as e:
         if isinstance(hooks, DirectHooks):
             hooks.undo()
-        return _record(fix, source, SKIPPED, e.reason())
+        return _record(fix, source, SKIPPED, e.detection().reason)
     except Exception as e:  # noqa: BLE001
         if isinstance(hooks, DirectHooks):
             hooks.undo()
         return _record(fix, source, ERROR, f"install failed: {type(e).__name__}: {e}")
     rec = _record(fix, source, PENDING if hooks.via == "HookRegistry" else APPLIED, det.reason)
     rec.via = hooks.via
-    rec.installed_targets = list(hooks.installed) or [t for t in fix.targets if fix.name in target_marks(t)]
+    rec.installed_targets = list(hooks.installed) or [t for t in det.targets if fix.name in target_marks(t)]
     rec.originals = dict(getattr(hooks, "originals", {}))
     return rec
 
@@ -317,32 +242,30 @@ def log_record(rec: FixRecord) -> None:
          rec.name, rec.status, rec.reason, f" [upstream {prs}]" if prs else "")
 
 
-# ---------------------------------------------------------------------------- start-up
+# ---------------------------------------------------------------------------- check, tests
 
 
-def register(loaded_via: str = "entry point") -> None:
-    """Entry point for sglang's plugin loader. Idempotent; never raises (see ``startup``)."""
-    from .startup import register as _register
-
-    _register(loaded_via)
-
-
-def status() -> dict:
-    """What actually took effect in this process."""
-    from .startup import status as _status
-
-    return _status()
+@contextlib.contextmanager
+def plan_installed(name: str, plan: Sequence[Hook]) -> Iterator[DirectHooks]:
+    """``plan`` installed directly under the fix name ``name`` for the block, then undone."""
+    hooks = DirectHooks(name)
+    try:
+        hooks.install(plan)
+        yield hooks
+    finally:
+        hooks.undo()
 
 
 @contextlib.contextmanager
 def temporarily_installed(*fixes: Fix) -> Iterator[List[DirectHooks]]:
-    """Install fixes directly for the duration of the block, then undo (``check``, tests)."""
+    """Install fixes directly for the duration of the block, then undo (``check``, tests):
+    each fix's plan as its detection gives it now (a NOT_NEEDED detection's plan too)."""
     done: List[DirectHooks] = []
     try:
         for fix in fixes:
             hooks = DirectHooks(fix.name)
             done.append(hooks)
-            fix.install(hooks)
+            hooks.install(fix.detect().plan)
         yield done
     finally:
         for hooks in reversed(done):

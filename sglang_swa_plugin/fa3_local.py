@@ -114,31 +114,8 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def arg(args, kwargs, i: int, name: str):
-    """Argument ``name`` of a hooked call: position ``i`` after ``self`` and the first one."""
-    return args[i] if len(args) > i else kwargs.get(name)
-
-
 def graph_api(cls) -> str:
     """``out_graph`` (0.5.13+: ``init_forward_metadata_out_graph``) or ``capture_replay``."""
     from .probe import own_function
 
     return "out_graph" if own_function(cls, "init_forward_metadata_out_graph") is not None else "capture_replay"
-
-
-def installed_graph_api() -> str:
-    """graph_api of the installed FA3 backend; "capture_replay" where it cannot be imported
-    (the import failure is reported once, when the targets are resolved)."""
-    from .probe import target_class
-
-    try:
-        return graph_api(target_class(FA3_CLASS))
-    except Exception:  # noqa: BLE001
-        return "capture_replay"
-
-
-def graph_targets() -> tuple:
-    """The CUDA-graph metadata methods of the installed FA3 backend (state first)."""
-    if installed_graph_api() == "out_graph":
-        return (GRAPH_STATE, OUT_GRAPH)
-    return (GRAPH_STATE, GRAPH_CAPTURE, GRAPH_REPLAY)

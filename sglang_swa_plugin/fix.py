@@ -3,26 +3,25 @@ third-party fix) implements, plus the pluggy hook specification that collects th
 
 A fix module holds what runs in a server process, nothing else: its record (docstring),
 constants, the hook(s), the detection and ``FIX`` (a :class:`Fix` instance) with a pluggy
-hook implementation::
+hook implementation. Detection returns the plan, install uses exactly that plan::
 
-    from sglang_swa_plugin.fix import Fix, Detection, hookimpl
+    from sglang_swa_plugin.fix import Fix, Detection, around, argument, hookimpl
 
     TARGET = "sglang.srt.layers.attention.foo.FooBackend.forward"
 
-    def _hook(original, self, *args, **kwargs): ...
-
-    def classify() -> Detection:
-        return Detection.needed("why")
+    def _hook(original, self, *args, **kwargs):
+        batch = argument(original, "forward_batch", args, kwargs)
+        ...
 
     class MyFix(Fix):
         name = "my_fix"
         summary = "one line"
         upstream_prs = ("#12345",)
-        targets = (TARGET,)
+        targets = (TARGET,)  # every target the fix may hook, in any sglang form
         check_module = "my_package.check_my_fix"  # optional: its CPU scenario
 
-        def detect(self): return classify()
-        def install(self, hooks): hooks.around(TARGET, _hook)
+        def detect(self) -> Detection:
+            return Detection.needed("why", around(TARGET, _hook))
 
     FIX = MyFix()
 
@@ -45,8 +44,9 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass
-from types import ModuleType
-from typing import Any, Callable, Mapping, Optional, Sequence
+import functools
+import inspect
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import pluggy
 
@@ -70,20 +70,62 @@ class Verdict(str, enum.Enum):
     NOT_NEEDED = "not needed"  # the installed sglang already has the fix
     NOT_APPLICABLE = "not applicable"  # the feature the fix is about is absent
     UNKNOWN = "unknown"  # the installed code has a shape the fix does not recognise
+    TARGET_MOVED = "target moved"  # something the fix hooks or reads is gone from where it was
+
+
+@dataclass(frozen=True)
+class Hook:
+    """One entry of a plan: ``target`` (dotted path) gets ``fn``. ``kind`` "around":
+    ``fn(original, *args, **kwargs)`` replaces the target and decides whether and how to call
+    ``original``; "replace": the target is replaced by ``fn`` (a function, or a subclass of the
+    target class)."""
+
+    target: str
+    fn: Callable[..., Any]
+    kind: str = "around"
+
+
+def around(target: str, fn: Callable[..., Any]) -> Hook:
+    return Hook(target, fn, "around")
+
+
+def replace(target: str, obj: Any) -> Hook:
+    return Hook(target, obj, "replace")
 
 
 @dataclass(frozen=True)
 class Detection:
+    """What the installed sglang needs. ``plan``: the hooks that make it right, in install
+    order; ``decide`` installs exactly these where the verdict is NEEDED. A NOT_NEEDED
+    detection may carry the plan too (what a forced install puts in: ``check``, tests)."""
+
     verdict: Verdict
     reason: str
+    plan: Tuple[Hook, ...] = ()
+
+    @property
+    def targets(self) -> Tuple[str, ...]:
+        """The targets the plan hooks."""
+        return tuple(dict.fromkeys(h.target for h in self.plan))
+
+    def with_plan(self, *plan: Hook) -> "Detection":
+        """This detection carrying ``plan`` where the installed code has the fix's form
+        (NEEDED, NOT_NEEDED); a fix whose hooks are the same on every form uses it."""
+        if self.verdict in (Verdict.NEEDED, Verdict.NOT_NEEDED):
+            return Detection(self.verdict, self.reason, plan)
+        return self
 
     @classmethod
-    def needed(cls, reason: str) -> "Detection":
-        return cls(Verdict.NEEDED, reason)
+    def needed(cls, reason: str, *plan: Hook) -> "Detection":
+        return cls(Verdict.NEEDED, reason, plan)
 
     @classmethod
-    def not_needed(cls, reason: str) -> "Detection":
-        return cls(Verdict.NOT_NEEDED, reason)
+    def not_needed(cls, reason: str, *plan: Hook) -> "Detection":
+        return cls(Verdict.NOT_NEEDED, reason, plan)
+
+    @classmethod
+    def target_moved(cls, reason: str) -> "Detection":
+        return cls(Verdict.TARGET_MOVED, reason)
 
     @classmethod
     def not_applicable(cls, reason: str) -> "Detection":
@@ -97,17 +139,18 @@ class Detection:
 class TargetMissing(LookupError):
     """A hook target named by a fix does not exist in the installed sglang."""
 
-    def __init__(self, target: str, why: str = "not found"):
+    def __init__(self, target: str, why: str = "not found", moved: bool = True):
         super().__init__(f"{target}: {why}")
         self.target = target
         self.why = why
+        self.moved = moved  # False: its module exists but fails to import
 
-    def reason(self) -> str:
-        """The status reason: a target that is gone has moved; one whose module fails to
-        import says so."""
-        if self.why.startswith("cannot import"):
-            return f"{self.target}: {self.why}"
-        return f"target moved: {self.target}"
+    def detection(self) -> "Detection":
+        """A target that is gone has moved (TARGET_MOVED); one whose module fails to import
+        is UNKNOWN."""
+        if self.moved:
+            return Detection.target_moved(f"target moved: {self.target}")
+        return Detection.unknown(f"{self.target}: {self.why}")
 
 
 class ScenarioUnavailable(RuntimeError):
@@ -131,15 +174,21 @@ class Hooks:
     def replace(self, target: str, obj: Any) -> None:  # pragma: no cover
         raise NotImplementedError
 
+    def install(self, plan: Sequence[Hook]) -> None:
+        """Every hook of ``plan``, in order."""
+        for hook in plan:
+            getattr(self, hook.kind)(hook.target, hook.fn)
+
 
 class Fix:
-    """Base class of a fix. Subclasses set the class attributes and implement
-    ``detect`` and ``install``; ``reproduce`` is optional (used by ``check``)."""
+    """Base class of a fix. Subclasses set the class attributes and implement ``detect``
+    (returning the plan); ``reproduce`` is optional (used by ``check``)."""
 
     name: str = ""
     summary: str = ""
     upstream_prs: Sequence[str] = ()
-    # Dotted paths of everything the fix hooks; each must exist when the fix is needed.
+    # Dotted paths of everything the fix may hook, in every sglang form it knows (a plan
+    # hooks some of them: ``Detection.targets``).
     targets: Sequence[str] = ()
     # Leading parameter names each target must have for the fix's hook to be correct
     # (checked by the per-version contract tests where the fix is needed).
@@ -156,11 +205,7 @@ class Fix:
 
     def detect(self) -> Detection:
         """Decide from the installed code's structure or behaviour (never from a
-        version string) whether this sglang needs the fix."""
-        raise NotImplementedError
-
-    def install(self, hooks: Hooks) -> None:
-        """Install the fix through ``hooks``. Called only when ``detect`` said NEEDED."""
+        version string) whether this sglang needs the fix, and with which hooks (the plan)."""
         raise NotImplementedError
 
     def reproduce(self) -> bool:
@@ -194,48 +239,17 @@ class Fix:
         return f"<fix {self.name}>"
 
 
-_NOT_IMPORTED = object()
-
-
-def _resolve_imported(target: str) -> Any:
-    """``pkgutil.resolve_name(target)`` without its import attempts, where they cannot change
-    the answer: every dotted prefix up to the longest one that is an imported module is in
-    ``sys.modules`` and that longest one is a plain module (no ``__path__``). resolve_name
-    would import those (found in ``sys.modules``), fail to import ``<prefix>.<next name>``
-    (not a package; ~0.1 ms per failed import) and look the rest up as attributes, as here.
-    Else ``_NOT_IMPORTED`` (the caller asks resolve_name)."""
-    import sys
-
-    parts = target.split(".")
-    if not all(p.isidentifier() for p in parts):  # resolve_name's own format check, its ":" form
-        return _NOT_IMPORTED
-    for i in range(len(parts) - 1, 0, -1):
-        mod = sys.modules.get(".".join(parts[:i]))
-        if mod is None:
-            continue
-        if (not isinstance(mod, ModuleType) or hasattr(mod, "__path__")
-                or getattr(getattr(mod, "__spec__", None), "_initializing", False)
-                or any(not isinstance(sys.modules.get(".".join(parts[:j])), ModuleType) for j in range(1, i))):
-            return _NOT_IMPORTED
-        obj = mod
-        for name in parts[i:]:
-            obj = getattr(obj, name)
-        return obj
-    return _NOT_IMPORTED
-
-
 def resolve(target: str) -> Any:
     """Resolve a dotted target the way sglang's HookRegistry does, raising
     TargetMissing instead of ImportError/AttributeError."""
     import pkgutil
 
     try:
-        found = _resolve_imported(target)
-        return found if found is not _NOT_IMPORTED else pkgutil.resolve_name(target)
+        return pkgutil.resolve_name(target)
     except (ImportError, AttributeError, ValueError) as e:
         raise TargetMissing(target, f"{type(e).__name__}: {e}") from None
     except Exception as e:  # noqa: BLE001 - a module that fails to import (e.g. a CUDA-only binary)
-        raise TargetMissing(target, f"cannot import: {type(e).__name__}: {e}") from None
+        raise TargetMissing(target, f"cannot import: {type(e).__name__}: {e}", moved=False) from None
 
 
 def split_target(target: str) -> "tuple[Any, str]":
@@ -252,3 +266,40 @@ def unwrap_function(obj: Any) -> Optional[Callable[..., Any]]:
     if isinstance(obj, (staticmethod, classmethod)):
         obj = obj.__func__
     return obj if callable(obj) else None
+
+
+# ---------------------------------------------------------------- a hooked call's arguments
+
+
+@functools.lru_cache(maxsize=None)
+def _parameters(fn: Callable[..., Any], method: bool) -> "tuple[Dict[str, int], Dict[str, Any]]":
+    """(position, default) of each parameter of ``fn``; positions after ``self`` for a method."""
+    params = list(inspect.signature(fn).parameters.values())[1 if method else 0:]
+    positions = {p.name: i for i, p in enumerate(params) if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    defaults = {p.name: p.default for p in params if p.default is not p.empty}
+    return positions, defaults
+
+
+def argument(original: Callable[..., Any], name: str, args: Sequence[Any], kwargs: Mapping[str, Any],
+             method: bool = True) -> Any:
+    """Argument ``name`` of a hooked method call ``original(self, *args, **kwargs)`` (its
+    default where the call leaves it out): the one way a hook reads its call's arguments.
+    ``method=False``: a function's call ``original(*args, **kwargs)``."""
+    positions, defaults = _parameters(original, method)
+    i = positions.get(name)
+    if i is not None and i < len(args):
+        return args[i]
+    return kwargs.get(name, defaults.get(name))
+
+
+def has_parameter(original: Callable[..., Any], name: str) -> bool:
+    return name in inspect.signature(original).parameters
+
+
+def with_argument(original: Callable[..., Any], name: str, value: Any, args: Sequence[Any],
+                  kwargs: Mapping[str, Any], method: bool = True) -> "tuple[tuple, dict]":
+    """``(args, kwargs)`` of the same call (as ``argument`` reads it) with ``name`` set to ``value``."""
+    i = _parameters(original, method)[0].get(name)
+    if i is not None and i < len(args):
+        return (*args[:i], value, *args[i + 1:]), dict(kwargs)
+    return tuple(args), {**kwargs, name: value}

@@ -147,6 +147,8 @@ class DirectHooks(Hooks):
     def _set(self, target: str, make: Callable[[Any], Any]) -> None:
         owner, attr = split_target(target)
         raw = _raw(owner, attr)
+        if self.fix_name in marks(raw):
+            return  # in effect already (a second wrapper would apply the fix twice)
         own = isinstance(owner, type) and attr in owner.__dict__ or not isinstance(owner, type)
         kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
         original = raw.__func__ if kind else getattr(owner, attr)

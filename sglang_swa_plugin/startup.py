@@ -5,6 +5,7 @@ arm the start-up check). Never raises into sglang."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from . import config as _config
@@ -20,20 +21,19 @@ class StrictModeError(RuntimeError):
     """Raised at model-runner construction when strict mode finds a problem."""
 
 
-class _State:
-    """What ``register()`` did in this process (a plain class: a dataclass would compile its
-    generated methods at import, inside the first ``register()``)."""
+@dataclass
+class State:
+    """What ``register()`` did in this process."""
 
-    def __init__(self) -> None:
-        self.registered = False
-        self.loaded_via: Optional[str] = None
-        self.config: Optional[_config.Config] = None
-        self.records: Dict[str, FixRecord] = {}
-        self.strict_problems: List[str] = []
-        self.finished = False
+    registered: bool = False
+    loaded_via: Optional[str] = None
+    config: Optional[_config.Config] = None
+    records: Dict[str, FixRecord] = field(default_factory=dict)
+    strict_problems: List[str] = field(default_factory=list)
+    finished: bool = False
 
 
-STATE = _State()
+STATE = State()
 
 
 def _strict_gate(original, *args, **kwargs):

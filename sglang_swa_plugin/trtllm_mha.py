@@ -9,10 +9,10 @@ from __future__ import annotations
 import ast
 import functools
 import sys
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from .fix import TargetMissing
-from .probe import callee, function_tree, own_function, target_class
+from .probe import callee, function_tree, nodes, own_function, target_class
 
 MODULE = "sglang.srt.layers.attention.trtllm_mha_backend"
 CLASS = MODULE + ".TRTLLMHAAttnBackend"
@@ -64,97 +64,17 @@ def syntax(fn: Any) -> ast.FunctionDef:
     return function_tree(fn)[0]
 
 
-_SKIPPED_FIELDS = frozenset({"ctx", "op"})  # shared singleton nodes (Load, Not...): nothing to find there
-# Fields that never hold a node (names, flags, a constant's value): not looked at.
-_SCALAR_FIELDS = frozenset({"id", "attr", "arg", "name", "kind", "type_comment", "conversion", "simple", "is_async",
-                            "level", "module", "asname"})
-_CHILD_FIELDS: dict = {}
-
-
-def _child_fields(kind: type) -> tuple:
-    """The fields of a node type that may hold nodes, in ``_fields`` order."""
-    fields = _CHILD_FIELDS.get(kind)
-    if fields is None:
-        fields = _CHILD_FIELDS[kind] = () if kind is ast.Constant else tuple(
-            f for f in kind._fields if f not in _SKIPPED_FIELDS and f not in _SCALAR_FIELDS)
-    return fields
-
-
-class Reading:
-    """One walk of a syntax tree, done once per tree: its nodes in ``ast.walk`` order (less
-    the ``ctx``/``op`` singletons) and, for every node, the called names (``f()``/``x.f()``),
-    attribute names and variable names its subtree holds, both in all of it and outside any
-    ``not``. Every question the trtllm_mha fixes ask of ``forward_extend`` and of the
-    CUDA-graph metadata methods is answered from these, without walking again."""
-
-    def __init__(self, tree: ast.AST) -> None:
-        order, parents = [tree], [-1]
-        add_node, add_parent, node_type = order.append, parents.append, ast.AST
-        i = 0
-        while i < len(order):
-            for field in _child_fields(type(order[i])):
-                value = getattr(order[i], field, None)
-                if value.__class__ is list:
-                    for item in value:
-                        if isinstance(item, node_type):
-                            add_node(item)
-                            add_parent(i)
-                elif isinstance(value, node_type):
-                    add_node(value)
-                    add_parent(i)
-            i += 1
-        bits: dict = {}
-        every, plain = [0] * len(order), [0] * len(order)
-        call, attr, name, unary, negation = ast.Call, ast.Attribute, ast.Name, ast.UnaryOp, ast.Not
-        for i in range(len(order) - 1, -1, -1):
-            node = order[i]
-            kind = type(node)
-            if kind is call:
-                key = ("call", callee(node))
-            elif kind is attr:
-                key = ("attr", node.attr)
-            elif kind is name:
-                key = ("name", node.id)
-            else:
-                key = None
-            if key is None:
-                e, p = every[i], plain[i]
-            else:
-                own = bits.get(key)
-                if own is None:
-                    own = bits[key] = 1 << len(bits)
-                e, p = every[i] | own, plain[i] | own
-            if kind is unary and type(node.op) is negation:
-                p = 0
-            every[i], plain[i] = e, p
-            j = parents[i]
-            if j >= 0:
-                every[j] |= e
-                plain[j] |= p
-        self.nodes: List[ast.AST] = order
-        self._bits = bits
-        self._index = {id(n): i for i, n in enumerate(order)}
-        self._every, self._plain = every, plain
-
-    def _mask(self, kind: str, names: Iterable[str]) -> int:
-        m = 0
-        for n in names:
-            m |= self._bits.get((kind, n), 0)
-        return m
-
-    def has(self, node: ast.AST, kind: str, *names: str) -> bool:
-        """``node``'s subtree holds a call (``kind`` "call"), attribute ("attr") or variable
-        ("name") of one of ``names``."""
-        return bool(self._every[self._index[id(node)]] & self._mask(kind, names))
-
-    def tests_v2(self, expr: ast.AST, flags: frozenset = frozenset()) -> bool:
-        """``tests_v2(expr, flags)`` for a node of this tree."""
-        return bool(self._plain[self._index[id(expr)]] & (self._mask("call", (V2_TEST,)) | self._mask("name", flags)))
-
-
-@functools.lru_cache(maxsize=64)
-def reading(tree: ast.AST) -> Reading:
-    return Reading(tree)
+def has(node: ast.AST, kind: str, *names: str) -> bool:
+    """``node``'s subtree holds a call (``kind`` "call": ``f()``/``x.f()``), attribute ("attr")
+    or variable ("name") of one of ``names``."""
+    for n in ast.walk(node):
+        if kind == "call" and isinstance(n, ast.Call) and callee(n) in names:
+            return True
+        if kind == "attr" and isinstance(n, ast.Attribute) and n.attr in names:
+            return True
+        if kind == "name" and isinstance(n, ast.Name) and n.id in names:
+            return True
+    return False
 
 
 def forward_extend_tree(cls: type) -> ast.FunctionDef:
@@ -180,25 +100,22 @@ def tests_v2(expr: ast.AST, flags: frozenset = frozenset()) -> bool:
 def v2_flags(tree: ast.AST) -> frozenset:
     """Local names assigned from a DRAFT_EXTEND_V2 test (``is_decode_mode``,
     ``uses_decode_kernel``...)."""
-    r = reading(tree)
-    return frozenset(t.id for n in r.nodes if isinstance(n, ast.Assign) and r.tests_v2(n.value)
+    return frozenset(t.id for n in nodes(tree) if isinstance(n, ast.Assign) and tests_v2(n.value)
                      for t in n.targets if isinstance(t, ast.Name))
 
 
 def v2_branches(tree: ast.AST, flags: frozenset = frozenset()) -> Iterator[List[ast.AST]]:
     """Bodies of the ``if``s (and conditional expressions) taken for DRAFT_EXTEND_V2."""
-    r = reading(tree)
-    for node in r.nodes:
-        if isinstance(node, (ast.If, ast.IfExp)) and r.tests_v2(node.test, flags):
+    for node in nodes(tree):
+        if isinstance(node, (ast.If, ast.IfExp)) and tests_v2(node.test, flags):
             yield node.body if isinstance(node.body, list) else [node.body]
 
 
 @functools.lru_cache(maxsize=64)
 def _routes(tree: ast.AST) -> Optional[bool]:
-    r = reading(tree)
-    if not r.has(tree, "call", *DECODE_KERNELS):
+    if not has(tree, "call", *DECODE_KERNELS):
         return None
-    return any(r.has(stmt, "call", *DECODE_KERNELS) for body in v2_branches(tree, v2_flags(tree)) for stmt in body)
+    return any(has(stmt, "call", *DECODE_KERNELS) for body in v2_branches(tree, v2_flags(tree)) for stmt in body)
 
 
 def routes_v2_to_decode(forward_extend: Any) -> Optional[bool]:

@@ -177,7 +177,7 @@ BUILTIN_NAMES = builtin_names()
 
 
 THIRD_PARTY_MODULE = '''
-from sglang_swa_plugin.fix import Fix, Detection, hookimpl
+from sglang_swa_plugin.fix import Fix, Detection, around, hookimpl
 
 CALLS = []
 
@@ -191,9 +191,7 @@ class ThirdPartyFix(Fix):
     upstream_prs = ("#0",)
     targets = (TARGET,)
     def detect(self):
-        return Detection.needed("always, for the test")
-    def install(self, hooks):
-        hooks.around(self.targets[0], _around)
+        return Detection.needed("always, for the test", around(TARGET, _around))
 
 FIX = ThirdPartyFix()
 

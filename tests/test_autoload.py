@@ -97,7 +97,7 @@ def test_off_switch_imports_no_sglang_module():
     code = """
 before = set(sys.modules)
 import sglang_swa_plugin
-from sglang_swa_plugin.core import register
+from sglang_swa_plugin.startup import register
 register("test")
 st = sglang_swa_plugin.status()
 new = sorted(m for m in set(sys.modules) - before if m.split(".")[0] == "sglang")

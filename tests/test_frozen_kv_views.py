@@ -353,15 +353,15 @@ def test_installs_through_sglangs_hook_registry():
                 importlib.import_module("sglang.srt.speculative." + m)
             except ImportError:
                 pass
-        hooks = RegistryHooks(fkv.FIX.name)
+        hooks, det = RegistryHooks(fkv.FIX.name), fkv.FIX.detect()
         if WITH_FIX:
-            fkv.FIX.install(hooks)
+            hooks.install(det.plan)
         HookRegistry.apply_hooks()
         copies = {f"{m}.{n}": marked_by(getattr(mod, n))
                   for m, mod in list(sys.modules.items()) if m.startswith("sglang.")
                   for n in fkv.VIEW_NAMES if callable(getattr(mod, n, None))}
         print("RESULT=" + json.dumps({
-            "targets": {t: target_marked_by(t) for t in fkv.FIX.targets}, "copies": copies}))
+            "targets": {t: target_marked_by(t) for t in det.targets}, "copies": copies}))
         """.replace("WITH_FIX", str(not WITHOUT_FIX))
     )
     got = child_json(proc)

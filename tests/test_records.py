@@ -143,6 +143,16 @@ def test_the_coverage_table_names_every_builtin_fix():
     assert named == {m.rsplit(".", 1)[1] for m in BUILTIN_MODULES}, named
 
 
+RECORD_MAX_LINES = 20  # a register entry: why, how, upstream, releases, when to delete
+
+
+@pytest.mark.parametrize("module", BUILTIN_MODULES)
+def test_records_are_register_entries_of_at_most_20_lines(module):
+    """Measurement notes live in tests/gpu/RESULTS.md and CHANGELOG.md, not in the record."""
+    lines = importlib.import_module(module).__doc__.rstrip("\n").splitlines()
+    assert len(lines) <= RECORD_MAX_LINES, (module, len(lines))
+
+
 def test_records_cite_no_line_numbers():
     hooks = Path(importlib.import_module("sglang_swa_plugin.hooks").__file__).parent
     pattern = r"\bL\d+(?:-L?\d+)?\b|\blines? \d+|\.py:\d+|#L\d+"

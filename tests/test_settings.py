@@ -11,12 +11,12 @@ from helpers import BUILTIN_NAMES, child_json, run_child
 from sglang_swa_plugin import config
 
 # Settings are read by the plugin's own code, the same on every release: these start-up and
-# CLI runs go in the sessions of noxfile.CLI_VERSIONS (the first, the demo and the newest release).
+# CLI runs go in the sessions of noxfile.CLI_VERSIONS (the first and the newest release).
 pytestmark = pytest.mark.cli
 
 REGISTER = """
 import sglang_swa_plugin
-from sglang_swa_plugin.core import register
+from sglang_swa_plugin.startup import register
 register("test")
 print("RESULT=" + json.dumps(sglang_swa_plugin.status()))
 """
@@ -25,7 +25,7 @@ print("RESULT=" + json.dumps(sglang_swa_plugin.status()))
 # runs the start-up hook; the explicit register() is then a no-op).
 STRICT_PROBE = """
 import sglang.srt.model_executor.model_runner
-from sglang_swa_plugin.core import register
+from sglang_swa_plugin.startup import register
 register("test")
 from sglang.srt.model_executor.model_runner import ModelRunner
 try:

@@ -44,7 +44,8 @@ FA3_FORM = guard.fa3_kernel_form(FA3.FlashAttentionBackend)
 TRT = importlib.import_module(guard.TRT_MODULE)
 SGLANG = sglang_release()
 CACHE_LOC_TAKES_BATCH = "forward_batch" in guard.normalized_source(TRT.TRTLLMHAAttnBackend._get_layer_cache_loc)
-ALL_TARGETS = (*FIX.targets, guard.FA3_KERNEL) if FA3_FORM == "module" else tuple(FIX.targets)
+# The fa3 kernel itself is hooked where forward_extend calls the module global.
+ALL_TARGETS = tuple(t for t in FIX.targets if t != guard.FA3_KERNEL or FA3_FORM == "module")
 SWA_POOL_PAGES = 17  # 16 SWA slots + the padding slot, page_size 1
 # On 0.5.10 with SGLANG_SWA_PLUGIN_GUARD=1 the start-up hook installed the guard for good.
 GUARD_IN_PROCESS = target_marked_by(FIX.targets[0]) == FIX.name

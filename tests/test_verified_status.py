@@ -36,7 +36,7 @@ import acme_user
 
 REGISTER = """
 import sglang_swa_plugin
-from sglang_swa_plugin.core import register
+from sglang_swa_plugin.startup import register
 register("test")
 print("RESULT=" + json.dumps(sglang_swa_plugin.status()))
 """

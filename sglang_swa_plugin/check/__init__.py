@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Optional
 
 from .. import config as _config
-from ..core import DISABLED, load_fixes, safe_detect, temporarily_installed
+from ..core import DISABLED, load_fixes, plan_installed, safe_detect
 from ..doctor import NOT_LOADED, _sglang_importable, _sglang_version, fix_records, import_hint, settings, setting_problems
 from ..fix import Fix, ScenarioUnavailable, Verdict
 
@@ -58,7 +58,7 @@ def check_row(fix: Fix, record: dict, cfg: _config.Config) -> dict:
     try:
         bug = row["reproduced_without"] = bool(fix.reproduce())
         if det.verdict is Verdict.NEEDED:
-            with temporarily_installed(fix):
+            with plan_installed(fix.name, det.plan):
                 corrected = not fix.reproduce()
             row["fixed_if_on" if off else "fixed_with"] = corrected
         elif bug:  # detection says nothing to do, yet the bug shows: the plugin leaves it

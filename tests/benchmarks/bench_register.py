@@ -30,7 +30,7 @@ if importlib.util.find_spec("sglang.srt.plugins"):  # absent on 0.5.10: then dir
     import sglang.srt.plugins.hook_registry  # noqa: F401
 else:  # 0.5.10: the start-up hook registers right after sglang imports its model runner
     import sglang.srt.model_executor.model_runner  # noqa: F401
-from sglang_swa_plugin.core import register, status
+from sglang_swa_plugin.startup import register, status
 token = None
 if importlib.util.find_spec("sglang.srt.plugins"):
     # As inside sglang's load_plugins(): register() only registers; apply_hooks() follows.

@@ -23,8 +23,9 @@ What Gemma 4 adds, read from both implementations (transformers 5.x models/gemma
   v is the token's +-1 code, which v_norm leaves as it is;
 - post_attention_layernorm normalises the attention output (the code on 64 of 256
   coordinates: rms 1/2), weight 1/2 writes the code itself;
-- final logit softcapping 30 (Gemma 4's value): logits stay below 0.3, where tanh is linear to
-  1e-4, so the votes and margins are the readout's;
+- final logit softcapping 30 (Gemma 4's value): monotone, so it keeps every choice; the
+  winning logits (13 at most) stay where tanh is near-linear, and the margins the check prints
+  are taken after it;
 - RoPE per layer type (rope_parameters): sliding layers theta 10000 (readout.THETA), the full
   layer theta 1e6 (Gemma 4's global theta; its q and k are zero); one head_dim (64) on both
   layer types (head_dim = global_head_dim = swa_head_dim: one KV pool layout);

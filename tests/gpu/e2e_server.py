@@ -996,6 +996,31 @@ def scenario_gptoss_exact(out, _target, _draft):
     return {"seeds": seeds, **against_reference("gptoss_exact", out, reqs, gt.hf_model, rows)}
 
 
+def scenario_gemma4_exact(out, _target, _draft):
+    """Issue #27 (conformance matrix, Gemma 4): the Gemma 4 readout target
+    (tests/gpu/gemma4_target.py: Gemma4ForCausalLM, its sliding layer 0 attends the oldest key
+    of its window, so the window's exact size decides a quarter of the tokens) against
+    transformers' float32 output, plain decode, per backend (BACKENDS, default
+    triton,fa3,flashinfer,trtllm_mha) with and without the plugin, CUDA graphs on and off,
+    sglang's page size; "small": --max-total-tokens 4096 (32 requests of 194 tokens do not fit:
+    retractions); control: fa3, one pool, graphs off, stock. No EAGLE3 rows (sglang 0.5.11's
+    Gemma4ForCausalLM captures no auxiliary hidden states). PROMPT_SEEDS."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import gemma4_target as gt
+
+    seeds = prompt_seeds()
+    target, _ = gt.save(tempfile.mkdtemp(prefix="swa_gemma4_exact_"))
+    reqs = [p for s in seeds for p in gt.prompts(32, 130, s)]
+    rows = {"fa3_nohy_eager_off": (eager(exact_base(target) + BACKEND_ARGS["fa3"] + ["--disable-hybrid-swa-memory"]), OFF)}
+    for b in os.environ.get("BACKENDS", "triton,fa3,flashinfer,trtllm_mha").split(","):
+        rows[f"{b}_on"] = (exact_base(target) + BACKEND_ARGS[b], ON)
+        rows[f"{b}_off"] = (exact_base(target) + BACKEND_ARGS[b], OFF)
+        rows[f"{b}_eager_off"] = (eager(exact_base(target) + BACKEND_ARGS[b]), OFF)
+        rows[f"{b}_eager_on"] = (eager(exact_base(target) + BACKEND_ARGS[b]), ON)
+        rows[f"{b}_small_on"] = (exact_base(target, 4096) + BACKEND_ARGS[b], ON)
+    return {"seeds": seeds, **against_reference("gemma4_exact", out, reqs, gt.hf_model, rows)}
+
+
 TRITON_WINDOW_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "triton_window_probe")
 
 
@@ -1678,7 +1703,8 @@ SCENARIOS = {"trtllm_eagle_accept": scenario_trtllm_eagle_accept, "xqa_verify": 
              "llama4_fa3": scenario_llama4_fa3, "fi_verify": scenario_fi_verify, "llama4_eagle": scenario_llama4_eagle,
              "llama4_tree": scenario_llama4_tree, "llama4_tree_wide": scenario_llama4_tree_wide,
              "triton_mtp": scenario_triton_mtp, "llama4_exact": scenario_llama4_exact,
-             "gptoss_exact": scenario_gptoss_exact, "throughput": scenario_throughput}
+             "gptoss_exact": scenario_gptoss_exact, "gemma4_exact": scenario_gemma4_exact,
+             "throughput": scenario_throughput}
 
 
 def _summary(res: dict) -> dict:

@@ -6,7 +6,7 @@
 #   bash tests/gpu/run_on_device.sh STEP [STEP ...]
 # Steps: unpack | unpack12 | smoke | trtllm_eagle_accept | xqa_verify | fa3_seq | fa3_eagle3 | fa3_control | cost | fp8 | fp8w |
 #        guard_kernel | guard_server | gpu_tests | bench_decode | bench_fix_step | graph_kernel | bench_xqa | servers | fi7 | pack |
-#        llama4 | llama4_eagle | llama4_tree | llama4_tree_wide | llama4_exact | gptoss_exact | fi_kernel | bench_fi | fi_verify | triton_mtp |
+#        llama4 | llama4_eagle | llama4_tree | llama4_tree_wide | llama4_exact | gptoss_exact | gemma4_exact | fi_kernel | bench_fi | fi_verify | triton_mtp |
 #        bench_fix_cost | throughput
 # servers: SCENARIOS="xqa_verify trtllm_eagle_accept ..." PARALLEL=N (side by side on the GPU)
 set -u
@@ -103,6 +103,11 @@ for step in "$@"; do
       PARALLEL=${PARALLEL:-17} MEM_FRACTION=${MEM_FRACTION:-0.85} START_TIMEOUT=${START_TIMEOUT:-420} \
         PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-560} python3 tests/gpu/e2e_server.py gptoss_exact --out "$OUT" 2>&1 | grep -E "GPTOSS_EXACT|Error" | cut -c1-3000
       for i in $(seq 60); do pgrep -f gptoss_target.py > /dev/null || break; sleep 2; done; grep -E "^seed" "$OUT/gptoss_target_check.log" ;;
+    gemma4_exact)  # issue #27: the Gemma 4 window target against transformers' float32 output, per backend
+      (PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-560} python3 tests/gpu/gemma4_target.py > "$OUT/gemma4_target_check.log" 2>&1 &)
+      PARALLEL=${PARALLEL:-17} MEM_FRACTION=${MEM_FRACTION:-0.85} START_TIMEOUT=${START_TIMEOUT:-420} \
+        PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-560} python3 tests/gpu/e2e_server.py gemma4_exact --out "$OUT" 2>&1 | grep -E "GEMMA4_EXACT|Error" | cut -c1-3000
+      for i in $(seq 60); do pgrep -f gemma4_target.py > /dev/null || break; sleep 2; done; grep -E "^seed" "$OUT/gemma4_target_check.log" ;;
     llama4_tree_wide)  # the rounding control of llama4_tree: 4 servers side by side
       PARALLEL=${PARALLEL:-4} MEM_FRACTION=${MEM_FRACTION:-0.85} START_TIMEOUT=${START_TIMEOUT:-420} \
         PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-530} python3 tests/gpu/e2e_server.py llama4_tree_wide --out "$OUT" 2>&1 | tail -5 ;;

@@ -34,7 +34,7 @@ VERSIONS = [f"0.5.{n}" for n in range(10, 24)]
 # differs from the release before it (the records' "Status by release" lines). The statuses
 # session fails where this set is not exactly those releases, or where a release's detection
 # is not its record, so a release outside it classifies as the records say.
-CI_VERSIONS = {"0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.16", "0.5.22", "0.5.23"}
+CI_VERSIONS = {"0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.16", "0.5.22", "0.5.23"}
 DEMO_VERSION = "0.5.11"
 # Where the release-independent start-up and CLI tests (pytest marker cli) run: 0.5.10 (the
 # start-up hook without sglang's plugin framework) and the newest release (with it).
@@ -92,7 +92,8 @@ def _pins(session: nox.Session) -> list[str]:
         "    n = re.split(r'[<>=!~ \\[]', r, 1)[0].strip().lower().replace('_', '-')\n"
         "    if n in want: print(re.sub(r'\\[.*?\\]', '', r.replace(' ', '')))\n"
     )
-    out = session.run("python", "-c", code, silent=True) or ""
+    # run_install: this query is part of the install, so it runs under --install-only too
+    out = session.run_install("python", "-c", code, silent=True) or ""
     return out.split()
 
 

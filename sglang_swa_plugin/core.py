@@ -96,6 +96,7 @@ BUILTIN_MODULES = (
     "sglang_swa_plugin.hooks.triton_swa_draft",
     "sglang_swa_plugin.hooks.swa_graph_padding",
     "sglang_swa_plugin.hooks.triton_swa_window",
+    "sglang_swa_plugin.hooks.gemma4_window",
 )
 
 

@@ -1,0 +1,113 @@
+"""CPU scenario of ``gemma4_window``: a real ``Gemma4Attention`` of each layer type (sglang's own
+class, a tiny ``Gemma4TextConfig`` with window 16, tensor parallelism of one process) and
+the number of keys a query far past the window attends, three ways: the model's (transformers'
+own sliding-window mask for that config), the attention layer's (sglang's rule ``q - k <=
+sliding_window_size`` on the ``RadixAttention`` the layer built) and the model runner's
+(``get_attention_sliding_window_size``, which sizes the SWA pool and triton's rail). Right:
+all three agree on every sliding layer, and full layers have no window.
+``python -m sglang_swa_plugin.check.gemma4_window`` prints one JSON line."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+
+from . import Outcome
+
+WINDOW = 16
+LAYER_TYPES = ("sliding_attention", "full_attention")
+QUERY = 40  # a position far past the window
+
+
+def _tensor_parallel_of_one() -> None:
+    """sglang's parallel groups for one CPU process (gloo) and its server args, once per process."""
+    from sglang.srt.distributed import parallel_state as ps
+
+    from .testbed import make_server_args
+
+    if getattr(ps, "_TP", None) is not None:
+        return
+    make_server_args("gemma4-window-scenario", device="cpu")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ps.init_distributed_environment(backend="gloo", world_size=1, rank=0, local_rank=0,
+                                    distributed_init_method=f"tcp://127.0.0.1:{port}")
+    ps.initialize_model_parallel(1)
+
+
+def _model_keys(config, layer_type: str) -> int:
+    """Keys query ``QUERY`` attends under transformers' own mask for this layer type."""
+    import torch
+    from transformers import masking_utils as mu
+
+    if layer_type != "sliding_attention":
+        return QUERY + 1
+    mask = mu.and_masks(mu.causal_mask_function, mu.sliding_window_overlay(config.sliding_window))
+    q, zero = torch.tensor(QUERY), torch.tensor(0)
+    return sum(bool(mask(zero, zero, q, torch.tensor(k))) for k in range(QUERY + 1))
+
+
+def _sglang_keys(window) -> int:
+    """Keys query ``QUERY`` attends under sglang's rule for a window size (-1/None: all)."""
+    return QUERY + 1 if window is None or window < 0 else sum(QUERY - k <= window for k in range(QUERY + 1))
+
+
+def _layer(g4, layer_id: int, config, seen: dict):
+    """``Gemma4Attention(layer_id, config, ...)``. Where sglang's rotary embedding cannot be
+    built (its CPU fallback imports vLLM's custom ops), the rope factory is recorded instead:
+    the window is set apart from it (``seen["rope"]`` says which)."""
+    import torch
+
+    from sglang_swa_plugin.probe import swapped
+
+    args = (layer_id, config, config.head_dim, config.max_position_embeddings)
+    try:
+        layer = g4.Gemma4Attention(*args)
+        seen.setdefault("rope", "sglang's")
+        return layer
+    except ModuleNotFoundError as e:
+        if "vllm" not in str(e):
+            raise
+    with swapped(g4, "get_rope", lambda *a, **k: torch.nn.Identity()):
+        seen["rope"] = "recorded (no vLLM custom ops on this machine)"
+        return g4.Gemma4Attention(*args)
+
+
+def scenario() -> Outcome:
+    """Keys attended by a query past the window on each layer type of a real Gemma4Attention:
+    the model's (transformers' mask), the layer's RadixAttention's and the model runner's
+    window. ``seen``: per layer type, the three counts."""
+    from sglang_swa_plugin.fix import ScenarioUnavailable
+    from sglang_swa_plugin.probe import optional_module
+
+    g4 = optional_module("sglang.srt.models.gemma4_causal")
+    if g4 is None or not hasattr(g4, "Gemma4Attention"):
+        raise ScenarioUnavailable("this sglang has no Gemma 4")
+    from transformers import Gemma4TextConfig
+
+    _tensor_parallel_of_one()
+    config = Gemma4TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=len(LAYER_TYPES),
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=WINDOW,
+                              layer_types=list(LAYER_TYPES), max_position_embeddings=128)
+    runner_window = g4.get_attention_sliding_window_size(config)
+    seen, bug = {}, False
+    for layer_id, layer_type in enumerate(LAYER_TYPES):
+        layer = _layer(g4, layer_id, config, seen)
+        got = {"model": _model_keys(config, layer_type), "layer": _sglang_keys(layer.attn.sliding_window_size),
+               "runner": _sglang_keys(runner_window) if layer_type == "sliding_attention" else QUERY + 1,
+               "sliding_window_size": layer.attn.sliding_window_size}
+        bug |= not got["model"] == got["layer"] == got["runner"]
+        seen[layer_type] = got
+    return Outcome(bug, seen)
+
+
+def reproduce() -> bool:
+    return scenario().bug
+
+
+if __name__ == "__main__":
+    out = scenario()
+    json.dump({"bug": out.bug, "seen": out.seen}, sys.stdout, default=str)
+    print()

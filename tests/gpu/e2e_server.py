@@ -1003,7 +1003,9 @@ def scenario_gemma4_exact(out, _target, _draft):
     transformers' float32 output, plain decode, per backend (BACKENDS, default
     triton,fa3,flashinfer,trtllm_mha) with and without the plugin, CUDA graphs on and off,
     sglang's page size; "small": --max-total-tokens 4096 (32 requests of 194 tokens do not fit:
-    retractions); control: fa3, one pool, graphs off, stock. No EAGLE3 rows (sglang 0.5.11's
+    retractions); "without_gemma4_window": the plugin with that one fix off; control: fa3, one
+    pool, graphs off, stock and with the plugin (on 0.5.11-0.5.13 stock Gemma 4 attends one key
+    more than the model on every backend: gemma4_window). No EAGLE3 rows (sglang 0.5.11's
     Gemma4ForCausalLM captures no auxiliary hidden states). PROMPT_SEEDS."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import gemma4_target as gt
@@ -1011,9 +1013,12 @@ def scenario_gemma4_exact(out, _target, _draft):
     seeds = prompt_seeds()
     target, _ = gt.save(tempfile.mkdtemp(prefix="swa_gemma4_exact_"))
     reqs = [p for s in seeds for p in gt.prompts(32, 130, s)]
-    rows = {"fa3_nohy_eager_off": (eager(exact_base(target) + BACKEND_ARGS["fa3"] + ["--disable-hybrid-swa-memory"]), OFF)}
+    control = eager(exact_base(target) + BACKEND_ARGS["fa3"] + ["--disable-hybrid-swa-memory"])
+    rows = {"fa3_nohy_eager_off": (control, OFF), "fa3_nohy_eager_on": (control, ON)}
     for b in os.environ.get("BACKENDS", "triton,fa3,flashinfer,trtllm_mha").split(","):
         rows[f"{b}_on"] = (exact_base(target) + BACKEND_ARGS[b], ON)
+        rows[f"{b}_on_without_gemma4_window"] = (exact_base(target) + BACKEND_ARGS[b],
+                                                 {**ON, "SGLANG_SWA_PLUGIN_FIXES": "all,-gemma4_window"})
         rows[f"{b}_off"] = (exact_base(target) + BACKEND_ARGS[b], OFF)
         rows[f"{b}_eager_off"] = (eager(exact_base(target) + BACKEND_ARGS[b]), OFF)
         rows[f"{b}_eager_on"] = (eager(exact_base(target) + BACKEND_ARGS[b]), ON)

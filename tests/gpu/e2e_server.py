@@ -1628,7 +1628,9 @@ def scenario_throughput(out, _target, _draft):
     round on each and TP_ROUNDS (default 5) timed rounds each, alternating A/B, every round
     64 concurrent greedy requests (130-token prompts, TP_NEW_TOKENS new tokens, default 384,
     ignore_eos). Tokens/s per round (completion tokens / wall time); the ratio plugin/stock
-    of the per-row medians. TP_ROWS (comma list) selects rows."""
+    of the per-row medians. TP_ROWS (comma list) selects rows. TP_WITHOUT (comma list of fix
+    names): per row, one more plugin server per fix with that fix off ("without_<fix>"), in the
+    same alternation, to attribute a ratio below 1. Accept length per side where speculative."""
     import statistics
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -1645,8 +1647,10 @@ def scenario_throughput(out, _target, _draft):
     rows = {"fa3_plain": base + BACKEND_ARGS["fa3"], "fa3_eagle3_k1": base + BACKEND_ARGS["fa3"] + eagle3_real(draft, 1, 3, 4),
             "trtllm_mha_plain": base + BACKEND_ARGS["trtllm_mha"], "triton_plain": base + BACKEND_ARGS["triton"]}
     chosen = [r for r in os.environ.get("TP_ROWS", ",".join(rows)).split(",") if r in rows]
-    servers = {(row, side): Server(f"throughput_{row}_{side}", out, rows[row], ON if side == "plugin" else OFF)
-               for row in chosen for side in ("plugin", "stock")}  # all start side by side
+    without = [f for f in os.environ.get("TP_WITHOUT", "").split(",") if f]
+    sides = {"plugin": ON, "stock": OFF, **{f"without_{f}": {**ON, "SGLANG_SWA_PLUGIN_FIXES": f"all,-{f}"} for f in without}}
+    servers = {(row, side): Server(f"throughput_{row}_{side}", out, rows[row], env)
+               for row in chosen for side, env in sides.items()}  # all start side by side
 
     def one_round(srv) -> dict:
         t = time.time()
@@ -1655,28 +1659,35 @@ def scenario_throughput(out, _target, _draft):
         wall = time.time() - t
         toks = sum((o.get("meta_info", {}).get("completion_tokens") or 0) for o in outs)
         errors = [o["error"] for o in outs if "error" in o]
-        return {"tok_per_s": round(toks / wall, 1), "tokens": toks, "errors": errors[:2], "outputs": [o.get("output_ids") for o in outs]}
+        verify = sum((o.get("meta_info", {}).get("spec_verify_ct") or 0) for o in outs)
+        return {"tok_per_s": round(toks / wall, 1), "tokens": toks, "errors": errors[:2], "outputs": [o.get("output_ids") for o in outs],
+                "accept_length": round(toks / verify, 3) if verify else None}
 
     res = {"rounds": rounds, "new_tokens": new, "concurrency": len(reqs), "rows": {}}
     try:
         started = {k: srv.wait() for k, srv in servers.items()}
         for row in chosen:
             a, b = servers[(row, "plugin")], servers[(row, "stock")]
-            r = {"plugin": [], "stock": []}
+            r = {side: [] for side in sides}
             if not (started[(row, "plugin")] and started[(row, "stock")]):
                 r["error"] = "; ".join(f"{side}: {first_error(s.log) or 'did not start'}" for side, s in
                                        (("plugin", a), ("stock", b)) if not started[(row, side)])
                 res["rows"][row] = r
                 continue
-            warm = {"plugin": one_round(a), "stock": one_round(b)}
+            live = [side for side in sides if started[(row, side)]]
+            warm = {side: one_round(servers[(row, side)]) for side in live}
+            r["accept_length"] = {side: w["accept_length"] for side, w in warm.items()}
             for _ in range(rounds):  # A B A B ...
-                for side, srv in (("plugin", a), ("stock", b)):
-                    got = one_round(srv)
+                for side in live:
+                    got = one_round(servers[(row, side)])
                     r[side].append(got["tok_per_s"])
                     if got["errors"]:
                         r.setdefault("errors", []).extend(got["errors"])
-            for side in ("plugin", "stock"):
+            for side in live:
                 r[f"{side}_median_tok_per_s"] = statistics.median(r[side]) if r[side] else None
+            for side in live[2:]:
+                if r[f"{side}_median_tok_per_s"] and r["stock_median_tok_per_s"]:
+                    r[f"ratio_{side}_over_stock"] = round(r[f"{side}_median_tok_per_s"] / r["stock_median_tok_per_s"], 4)
             if r["plugin_median_tok_per_s"] and r["stock_median_tok_per_s"]:
                 r["ratio_plugin_over_stock"] = round(r["plugin_median_tok_per_s"] / r["stock_median_tok_per_s"], 4)
                 # each plugin round over the stock round right after it: the spread of the ratio
@@ -1697,7 +1708,8 @@ def scenario_throughput(out, _target, _draft):
         else:
             print(f"{row:<18} {r['plugin_median_tok_per_s'] or '-':>13} {r['stock_median_tok_per_s'] or '-':>12} "
                   f"{r.get('ratio_plugin_over_stock', '-'):>7} {r.get('median_round_ratio', '-'):>19}")
-    print("THROUGHPUT=" + json.dumps({k: {x: v.get(x) for x in ("plugin", "stock", "ratio_plugin_over_stock", "round_ratios", "median_round_ratio", "error")}
+    print("THROUGHPUT=" + json.dumps({k: {x: y for x, y in v.items() if x.startswith("ratio") or x in (
+        "plugin", "stock", "round_ratios", "median_round_ratio", "error", "accept_length", "identical_requests_plugin_vs_stock")}
                                       for k, v in res["rows"].items()}), flush=True)
     return res
 

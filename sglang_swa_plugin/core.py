@@ -97,6 +97,7 @@ BUILTIN_MODULES = (
     "sglang_swa_plugin.hooks.swa_graph_padding",
     "sglang_swa_plugin.hooks.triton_swa_window",
     "sglang_swa_plugin.hooks.gemma4_window",
+    "sglang_swa_plugin.hooks.flashinfer_swa_prefill",
 )
 
 

@@ -1023,6 +1023,8 @@ def scenario_gemma4_exact(out, _target, _draft):
         rows[f"{b}_eager_off"] = (eager(exact_base(target) + BACKEND_ARGS[b]), OFF)
         rows[f"{b}_eager_on"] = (eager(exact_base(target) + BACKEND_ARGS[b]), ON)
         rows[f"{b}_small_on"] = (exact_base(target, 4096) + BACKEND_ARGS[b], ON)
+    rows["flashinfer_on_without_flashinfer_swa_prefill"] = (exact_base(target) + BACKEND_ARGS["flashinfer"],
+                                                            {**ON, "SGLANG_SWA_PLUGIN_FIXES": "all,-flashinfer_swa_prefill"})
     return {"seeds": seeds, **against_reference("gemma4_exact", out, reqs, gt.hf_model, rows)}
 
 

@@ -1,0 +1,109 @@
+"""CPU scenario of ``flashinfer_swa_prefill``: a real FlashInferAttnBackend (two wrappers, window
+7) over a real SWAKVPool, a prefill (EXTEND) batch without a cached prefix whose prompts are
+longer and shorter than the window, forward metadata built by sglang, and flashinfer's ragged
+prefill wrapper recorded (plans and runs: ``window_left`` at plan time, which chooses the
+kernel's window mask, and at run time). sglang's ``forward_extend`` runs for a sliding layer
+and a full layer. Right: the sliding layer's ragged prefill is planned and run with the
+window (7), the full layer's with none (-1).
+``python -m sglang_swa_plugin.check.flashinfer_swa_prefill`` prints one JSON line."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+from . import Outcome
+
+WINDOW = 7
+PROMPTS = (20, 5, 13)  # longer than, shorter than, longer than the window
+
+
+class RaggedRecorder:
+    """Stand-in for flashinfer's ``BatchPrefillWithRaggedKVCacheWrapper`` (its constructor and
+    kernels need CUDA): records each plan's and run's ``window_left`` and returns zeros."""
+
+    def __init__(self, *args, **kwargs):
+        self.plans, self.runs = [], []
+
+    def begin_forward(self, *args, window_left: int = -1, causal: bool = False, **kwargs):
+        self.plans.append({"window_left": window_left, "causal": causal})
+
+    plan = begin_forward
+
+    def forward(self, q, k, v, causal: bool = False, window_left: int = -1, **kwargs):
+        planned = self.plans[-1]["window_left"] if self.plans else None
+        self.runs.append({"window_left": window_left, "planned": planned})
+        return q.new_zeros(q.shape)
+
+    def forward_return_lse(self, q, k, v, causal: bool = False, window_left: int = -1, **kwargs):
+        out = self.forward(q, k, v, causal=causal, window_left=window_left)
+        return out, q.new_zeros(q.shape[:-1])
+
+
+def scenario() -> Outcome:
+    """The ragged prefill of a sliding and a full layer of a real FlashInferAttnBackend, on a
+    prefill without a cached prefix: the window it is planned and run with. ``seen``: per
+    layer, the window_left of the plan and of the run, or an error."""
+    import torch
+
+    from sglang_swa_plugin.fix import ScenarioUnavailable
+    from sglang_swa_plugin.probe import optional_module, swapped
+
+    from . import testbed as tb
+    from .flashinfer_swa_verify import kernel_twins
+
+    fi = optional_module("sglang.srt.layers.attention.flashinfer_backend")
+    if fi is None or not hasattr(fi, "FlashInferAttnBackend"):
+        raise ScenarioUnavailable("this sglang has no flashinfer attention backend")
+    pool = tb.make_swa_pool(size=256, size_swa=128)
+    alloc = tb.make_swa_allocator(pool)
+    tb.diverge(alloc, 11)
+    rtt = tb.make_req_to_token_pool(size=8, max_context_len=64)
+    runner = tb.make_model_runner(kv_pool=pool, allocator=alloc, req_to_token_pool=rtt, sliding_window_size=WINDOW,
+                                  attention_backend="flashinfer")
+    made = []
+
+    def recorder(*args, **kwargs):
+        made.append(RaggedRecorder(*args, **kwargs))
+        return made[-1]
+
+    with kernel_twins(), tb.cpu_backend_patches(), swapped(fi, "BatchPrefillWithRaggedKVCacheWrapper", recorder):
+        backend = fi.FlashInferAttnBackend(runner)
+        for w in backend.prefill_wrappers_paged:
+            w.begin_forward = lambda *a, **k: None
+        tokens = [tb.alloc_tokens(alloc, n) for n in PROMPTS]
+        rows, _ = tb.fill_requests(rtt, tokens)
+        fb = tb.make_forward_batch(runner, "extend", seq_lens=list(PROMPTS), req_pool_indices=rows,
+                                   extend_seq_lens=list(PROMPTS), out_cache_loc=torch.cat(tokens), attn_backend=backend)
+        backend.init_forward_metadata(fb)
+        if not backend.forward_metadata.use_ragged:
+            raise ScenarioUnavailable("this prefill does not take flashinfer's ragged path here")
+        seen = {}
+        n = sum(PROMPTS)
+        for name, layer in (("sliding", tb.swa_layer(pool, runner)), ("full", tb.full_layer(pool, runner))):
+            heads, dim = layer.tp_q_head_num, layer.head_dim
+            q = torch.randn(n, heads * dim)
+            k = torch.randn(n, layer.tp_k_head_num, dim)
+            v = torch.randn(n, layer.tp_v_head_num, dim)
+            before = {id(r): len(r.runs) for r in made}
+            try:
+                backend.forward_extend(q, k, v, layer, fb)
+            except Exception as e:  # noqa: BLE001 - a crash is an outcome
+                seen[name] = {"error": f"{type(e).__name__}: {e}"}
+                continue
+            runs = [r.runs[-1] for r in made if len(r.runs) > before[id(r)]]
+            seen[name] = runs[0] if len(runs) == 1 else {"error": f"{len(runs)} ragged runs"}
+    want = {"sliding": WINDOW, "full": -1}
+    bug = any("error" in seen[k] or seen[k]["window_left"] != w or seen[k]["planned"] != w for k, w in want.items())
+    return Outcome(bug, seen)
+
+
+def reproduce() -> bool:
+    return scenario().bug
+
+
+if __name__ == "__main__":
+    out = scenario()
+    json.dump({"bug": out.bug, "seen": out.seen}, sys.stdout, default=str)
+    print()

@@ -1,0 +1,90 @@
+"""flashinfer_swa_prefill on a real FlashInferAttnBackend over a real SWAKVPool (CPU; flashinfer's
+ragged prefill wrapper recorded): a prefill without a cached prefix must plan and run the sliding
+layers' ragged attention with the window, and the full layers' without one."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_swa_plugin.core import temporarily_installed
+from sglang_swa_plugin.fix import ScenarioUnavailable, Verdict
+from sglang_swa_plugin.hooks import flashinfer_swa_prefill as fp
+
+FIX = fp.FIX
+
+
+def _scenario(fixed: bool):
+    from sglang_swa_plugin.check import flashinfer_swa_prefill as scen
+
+    if fixed and FIX.detect().verdict is not Verdict.NEEDED:
+        pytest.skip(f"not needed here: {FIX.detect().reason}")
+    try:
+        # installed before the backend is built, as at server start (the fix pairs the wrapper
+        # sglang builds in __init__)
+        with temporarily_installed(*([FIX] if fixed else [])):
+            return scen.scenario()
+    except ScenarioUnavailable as e:
+        pytest.skip(str(e))
+
+
+def test_detection_is_decided():
+    assert FIX.detect().verdict is not Verdict.UNKNOWN, FIX.detect().reason
+
+
+def test_stock_sliding_layers_prefill_over_the_whole_prompt():
+    if FIX.detect().verdict is not Verdict.NEEDED:
+        pytest.skip(f"not needed here: {FIX.detect().reason}")
+    out = _scenario(fixed=False)
+    assert out.bug, out.seen
+    assert out.seen["sliding"] == {"window_left": -1, "planned": -1}, out.seen
+
+
+def test_sliding_layers_prefill_in_their_window_with_the_fix():
+    out = _scenario(fixed=True)
+    assert not out.bug, out.seen
+    assert out.seen["sliding"] == {"window_left": 7, "planned": 7}, out.seen
+    assert out.seen["full"] == {"window_left": -1, "planned": -1}, out.seen
+
+
+def test_the_pair_plans_both_and_runs_one():
+    """Every plan reaches sglang's wrapper unchanged and the twin with the window; a run goes
+    to the twin only while a layer of that window runs."""
+    calls = []
+
+    class W:
+        def __init__(self, name):
+            self.name = name
+
+        def begin_forward(self, *a, **k):
+            calls.append((self.name, "plan", k.get("window_left", -1)))
+
+        def forward(self, *a, **k):
+            calls.append((self.name, "run", k.get("window_left", -1)))
+
+        forward_return_lse = forward
+        other = "sglang's"
+
+    pair = fp.WindowedRagged(W("full"), W("twin"), 7)
+    pair.begin_forward(1, 2, q_data_type="bf16")
+    pair.forward(1, 2, 3, causal=True)
+    pair.layer_window = 7
+    pair.forward_return_lse(1, 2, 3, causal=True, window_left=7)
+    pair.layer_window = 3  # another window: sglang's wrapper, as sglang calls it
+    pair.forward(1, 2, 3, causal=True)
+    assert calls == [("full", "plan", -1), ("twin", "plan", 7), ("full", "run", -1), ("twin", "run", 7),
+                     ("full", "run", -1)]
+    assert pair.other == "sglang's"
+
+
+def test_detection_reads_the_ragged_runs():
+    """Needed exactly where a ragged run of ``forward_extend`` lacks ``window_left`` (read from
+    the installed code's syntax tree, as the fix does)."""
+    from sglang_swa_plugin.probe import optional_module, own_function
+
+    mod = optional_module(fp.MODULE)
+    if mod is None:
+        assert FIX.detect().verdict is Verdict.NOT_APPLICABLE
+        return
+    runs = fp._ragged_calls(own_function(mod.FlashInferAttnBackend, "forward_extend"), {"forward", "forward_return_lse"})
+    unwindowed = [c for c in runs if not any(k.arg == "window_left" for k in c.keywords)]
+    assert (FIX.detect().verdict is Verdict.NEEDED) == bool(unwindowed), FIX.detect().reason

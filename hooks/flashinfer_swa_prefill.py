@@ -1,20 +1,20 @@
-"""flashinfer: ragged prefill on sliding-window layers attends to the window.
+"""flashinfer: prefill on sliding-window layers is planned and run with the window.
 Bug
-    The ragged prefill wrapper (the extend keys of every prefill, alone without a cached
-    prefix) is one wrapper for all layers, planned without ``window_left``; without a prefix
-    it also runs without it: sliding layers attend the whole prompt. On an H100 (0.5.11,
-    Gemma 4 target) 38 of 96 requests differ from the model at the first token. With a
-    prefix (0.5.13+) the window is passed at run time only, against a plan without it.
-    Fix: a second ragged wrapper, planned with the sliding window, runs the sliding layers.
+    The ragged prefill wrapper is one wrapper for all layers, planned without ``window_left``
+    and, without a cached prefix, run without it: sliding layers attend the whole prompt
+    (H100, 0.5.11, Gemma 4 target: 38 of 96 requests wrong from the first token). Paged-only
+    prefill (piecewise CUDA graphs, ``SGLANG_FLASHINFER_USE_PAGED``) plans the sliding
+    wrapper without the window and passes it at run time only (#31501, 0.5.10-0.5.15).
+    Fix: a second ragged wrapper, planned with the window, runs the sliding layers; the
+    paged sliding plan of a prefill gets ``window_left`` where sglang's does not pass it.
 Upstream PRs
-    None for the prefix-free branch (unchanged through 0.5.23); related: #26513, #31501.
+    None for the ragged branch (unchanged through 0.5.23); #31501 (paged, 0.5.16); #26513.
 Affected versions
-    0.5.10-0.5.23. Status by release: applied 0.5.10+.
+    0.5.10-0.5.23 (paged plan: 0.5.10-0.5.15). Status by release: applied 0.5.10+.
 Detection
-    Structural: ``FlashInferAttnBackend.__init__`` builds one
-    ``BatchPrefillWithRaggedKVCacheWrapper`` and ``forward_extend`` calls its ``forward``
-    without ``window_left``: needed; every ragged call with ``window_left`` and a plan with
-    it: not needed; no ragged wrapper: not applicable; anything else: unknown.
+    Structural: ``forward_extend`` runs ``prefill_wrapper_ragged`` without ``window_left``
+    (needed) and the prefill updater's window plan passes no ``window_left`` (paged part
+    needed); no ragged wrapper: not applicable; anything else: unknown.
 Delete when
     sglang plans and runs the sliding layers' ragged prefill with the window.
 """
@@ -29,6 +29,8 @@ from sglang_swa_plugin.probe import function_tree, nodes, optional_module, own_f
 MODULE = "sglang.srt.layers.attention.flashinfer_backend"
 BACKEND = MODULE + ".FlashInferAttnBackend"
 INIT, EXTEND = BACKEND + ".__init__", BACKEND + ".forward_extend"
+UPDATER = MODULE + ".FlashInferIndicesUpdaterPrefill"
+PAGED_PLAN = UPDATER + ".update_sliding_window"
 WRAPPER = "BatchPrefillWithRaggedKVCacheWrapper"
 
 
@@ -97,6 +99,27 @@ def _layer_window(original, self, *args, **kwargs):
         pair.layer_window = None
 
 
+def _paged_window_plan(original, self, *args, **kwargs):
+    """Around the prefill updater's ``update_sliding_window``: in a paged-only prefill (no ragged
+    wrapper, no speculative input) the sliding wrapper's plan gets ``window_left`` (#31501)."""
+    use_ragged = argument(original, "use_ragged", args, kwargs)
+    spec_info = argument(original, "spec_info", args, kwargs)
+    wrappers = argument(original, "prefill_wrappers", args, kwargs)
+    window = getattr(self, "sliding_window_size", None)
+    if use_ragged or spec_info is not None or window is None or window < 0 or not wrappers:
+        return original(self, *args, **kwargs)
+    sliding = wrappers[0]
+    plan = sliding.begin_forward
+
+    def windowed_plan(*a, **k):
+        if k.get("window_left", -1) < 0:
+            k["window_left"] = window
+        return plan(*a, **k)
+
+    with swapped(sliding, "begin_forward", windowed_plan):
+        return original(self, *args, **kwargs)
+
+
 def _ragged_calls(fn, method_names) -> list:
     """Calls ``<...>.prefill_wrapper_ragged.<method>(...)`` in ``fn`` (syntax tree)."""
     tree = function_tree(fn)[0]
@@ -121,16 +144,25 @@ def classify() -> Detection:
         return Detection.unknown("FlashInferAttnBackend's ragged prefill is not one wrapper run from forward_extend")
     if all(any(k.arg == "window_left" for k in call.keywords) for call in runs):
         return Detection.unknown("every ragged prefill run passes window_left: check its plan before hooking")
-    return Detection.needed("the ragged prefill of sliding-window layers runs without window_left (whole prompt)",
-                            around(INIT, _with_windowed_ragged), around(EXTEND, _layer_window))
+    plan = [around(INIT, _with_windowed_ragged), around(EXTEND, _layer_window)]
+    reason = "the ragged prefill of sliding-window layers runs without window_left (whole prompt)"
+    updater = getattr(mod, "FlashInferIndicesUpdaterPrefill", None)
+    window_plan = own_function(updater, "update_sliding_window") if updater is not None else None
+    if window_plan is not None and not any(isinstance(n, ast.keyword) and n.arg == "window_left"
+                                           for n in nodes(function_tree(window_plan)[0])):
+        plan.append(around(PAGED_PLAN, _paged_window_plan))
+        reason += "; the paged sliding prefill is planned without it"
+    return Detection.needed(reason, *plan)
 
 
 class FlashinferSwaPrefillFix(Fix):
     name = "flashinfer_swa_prefill"
     summary = "flashinfer ragged prefill on sliding-window layers: a twin wrapper planned and run with the window"
     upstream_prs = ("#26513", "#31501")
-    targets = (INIT, EXTEND)
-    target_params = {INIT: ("self", "model_runner"), EXTEND: ("self", "q", "k", "v", "layer", "forward_batch")}
+    targets = (INIT, EXTEND, PAGED_PLAN)
+    target_params = {INIT: ("self", "model_runner"), EXTEND: ("self", "q", "k", "v", "layer", "forward_batch"),
+                      PAGED_PLAN: ("self", "req_pool_indices", "seq_lens", "seq_lens_cpu", "seq_lens_sum", "prefix_lens",
+                                   "prefill_wrappers", "use_ragged")}
     check_module = "sglang_swa_plugin.check.flashinfer_swa_prefill"
 
     def detect(self) -> Detection:

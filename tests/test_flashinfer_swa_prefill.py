@@ -1,6 +1,7 @@
 """flashinfer_swa_prefill on a real FlashInferAttnBackend over a real SWAKVPool (CPU; flashinfer's
-ragged prefill wrapper recorded): a prefill without a cached prefix must plan and run the sliding
-layers' ragged attention with the window, and the full layers' without one."""
+prefill wrappers recorded): a prefill without a cached prefix must plan and run the sliding
+layers' ragged attention with the window, and the full layers' without one; a paged-only
+prefill must plan the sliding wrapper with the window."""
 
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ def test_stock_sliding_layers_prefill_over_the_whole_prompt():
     out = _scenario(fixed=False)
     assert out.bug, out.seen
     assert out.seen["sliding"] == {"window_left": -1, "planned": -1}, out.seen
+    # the paged-only plan of the sliding wrapper: windowed where sglang has #31501 (0.5.16+)
+    paged_fixed = fp.PAGED_PLAN not in FIX.detect().targets
+    assert out.seen["paged_plan"]["sliding"] == ([7] if paged_fixed else [-1]), out.seen
 
 
 def test_sliding_layers_prefill_in_their_window_with_the_fix():
@@ -44,6 +48,7 @@ def test_sliding_layers_prefill_in_their_window_with_the_fix():
     assert not out.bug, out.seen
     assert out.seen["sliding"] == {"window_left": 7, "planned": 7}, out.seen
     assert out.seen["full"] == {"window_left": -1, "planned": -1}, out.seen
+    assert out.seen["paged_plan"] == {"sliding": [7], "full": [-1], "use_ragged": False}, out.seen
 
 
 def test_the_pair_plans_both_and_runs_one():
@@ -88,3 +93,16 @@ def test_detection_reads_the_ragged_runs():
     runs = fp._ragged_calls(own_function(mod.FlashInferAttnBackend, "forward_extend"), {"forward", "forward_return_lse"})
     unwindowed = [c for c in runs if not any(k.arg == "window_left" for k in c.keywords)]
     assert (FIX.detect().verdict is Verdict.NEEDED) == bool(unwindowed), FIX.detect().reason
+
+
+def test_detection_hooks_the_paged_plan_exactly_where_sglang_plans_it_without_the_window():
+    import ast
+
+    from sglang_swa_plugin.probe import function_tree, nodes, optional_module, own_function
+
+    mod = optional_module(fp.MODULE)
+    if mod is None or FIX.detect().verdict is not Verdict.NEEDED:
+        pytest.skip(f"not needed here: {FIX.detect().reason}")
+    fn = own_function(mod.FlashInferIndicesUpdaterPrefill, "update_sliding_window")
+    planned = any(isinstance(n, ast.keyword) and n.arg == "window_left" for n in nodes(function_tree(fn)[0]))
+    assert (fp.PAGED_PLAN in FIX.detect().targets) == (not planned)

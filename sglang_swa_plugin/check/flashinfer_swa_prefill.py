@@ -3,8 +3,9 @@
 longer and shorter than the window, forward metadata built by sglang, and flashinfer's ragged
 prefill wrapper recorded (plans and runs: ``window_left`` at plan time, which chooses the
 kernel's window mask, and at run time). sglang's ``forward_extend`` runs for a sliding layer
-and a full layer. Right: the sliding layer's ragged prefill is planned and run with the
-window (7), the full layer's with none (-1).
+and a full layer. Then the same batch is planned for paged-only prefill (``use_paged``, the
+path of piecewise CUDA graphs). Right: the sliding layer's ragged prefill is planned and run
+with the window (7), the full layer's with none (-1); the paged plans likewise.
 ``python -m sglang_swa_plugin.check.flashinfer_swa_prefill`` prints one JSON line."""
 
 from __future__ import annotations
@@ -70,8 +71,9 @@ def scenario() -> Outcome:
 
     with kernel_twins(), tb.cpu_backend_patches(), swapped(fi, "BatchPrefillWithRaggedKVCacheWrapper", recorder):
         backend = fi.FlashInferAttnBackend(runner)
-        for w in backend.prefill_wrappers_paged:
-            w.begin_forward = lambda *a, **k: None
+        paged_plans = {0: [], 1: []}
+        for wid, w in enumerate(backend.prefill_wrappers_paged):
+            w.begin_forward = lambda *a, _wid=wid, **k: paged_plans[_wid].append(k.get("window_left", -1))
         tokens = [tb.alloc_tokens(alloc, n) for n in PROMPTS]
         rows, _ = tb.fill_requests(rtt, tokens)
         fb = tb.make_forward_batch(runner, "extend", seq_lens=list(PROMPTS), req_pool_indices=rows,
@@ -94,8 +96,16 @@ def scenario() -> Outcome:
                 continue
             runs = [r.runs[-1] for r in made if len(r.runs) > before[id(r)]]
             seen[name] = runs[0] if len(runs) == 1 else {"error": f"{len(runs)} ragged runs"}
+        # paged-only prefill (what piecewise CUDA graphs and SGLANG_FLASHINFER_USE_PAGED take)
+        backend.use_paged = True
+        for plans in paged_plans.values():
+            plans.clear()
+        backend.init_forward_metadata(fb)
+        seen["paged_plan"] = {"sliding": paged_plans[0][-1:], "full": paged_plans[1][-1:],
+                              "use_ragged": backend.forward_metadata.use_ragged}
     want = {"sliding": WINDOW, "full": -1}
     bug = any("error" in seen[k] or seen[k]["window_left"] != w or seen[k]["planned"] != w for k, w in want.items())
+    bug |= seen["paged_plan"]["sliding"] != [WINDOW] or seen["paged_plan"]["full"] != [-1]
     return Outcome(bug, seen)
 
 

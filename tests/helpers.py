@@ -143,6 +143,28 @@ def methods_alone(fix, methods: dict):
         yield
 
 
+def scenario_or_skip(check_module: str):
+    """``scenario()`` of ``sglang_swa_plugin.check.<check_module>``; the test is skipped where
+    the scenario cannot run on the installed sglang (ScenarioUnavailable)."""
+    import importlib
+
+    from sglang_swa_plugin.fix import ScenarioUnavailable
+
+    try:
+        return importlib.import_module(f"sglang_swa_plugin.check.{check_module}").scenario()
+    except ScenarioUnavailable as e:
+        pytest.skip(str(e))
+
+
+def skip_unless_needed(fix) -> None:
+    """Skip the test where ``fix``'s detection on the installed sglang is not "needed"."""
+    from sglang_swa_plugin.fix import Verdict
+
+    det = fix.detect()
+    if det.verdict is not Verdict.NEEDED:
+        pytest.skip(f"not needed here: {det.reason}")
+
+
 @contextlib.contextmanager
 def fixed_alone(fix, methods: dict):
     """The same methods with ``fix`` installed on them where its detection says needed."""

@@ -11,6 +11,8 @@ from sglang_swa_plugin.core import temporarily_installed
 from sglang_swa_plugin.fix import ScenarioUnavailable, Verdict
 from sglang_swa_plugin.hooks import flashinfer_swa_prefill as fp
 
+from helpers import skip_unless_needed
+
 FIX = fp.FIX
 
 
@@ -33,8 +35,7 @@ def test_detection_is_decided():
 
 
 def test_stock_sliding_layers_prefill_over_the_whole_prompt():
-    if FIX.detect().verdict is not Verdict.NEEDED:
-        pytest.skip(f"not needed here: {FIX.detect().reason}")
+    skip_unless_needed(FIX)
     out = _scenario(fixed=False)
     assert out.bug, out.seen
     assert out.seen["sliding"] == {"window_left": -1, "planned": -1}, out.seen

@@ -8,10 +8,10 @@ import ast
 
 import pytest
 
-from sglang_swa_plugin.fix import ScenarioUnavailable, Verdict
+from sglang_swa_plugin.fix import Verdict
 from sglang_swa_plugin.hooks import gemma4_window as gw
 
-from helpers import fixed_alone, methods_alone
+from helpers import fixed_alone, methods_alone, scenario_or_skip, skip_unless_needed
 
 FIX = gw.FIX
 
@@ -24,12 +24,7 @@ def _methods():
 
 
 def _scenario():
-    from sglang_swa_plugin.check import gemma4_window as scen
-
-    try:
-        return scen.scenario()
-    except ScenarioUnavailable as e:
-        pytest.skip(str(e))
+    return scenario_or_skip("gemma4_window")
 
 
 def test_detection_is_decided():
@@ -37,8 +32,7 @@ def test_detection_is_decided():
 
 
 def test_stock_sliding_layers_attend_one_key_more_than_the_model():
-    if FIX.detect().verdict is not Verdict.NEEDED:
-        pytest.skip(f"not needed here: {FIX.detect().reason}")
+    skip_unless_needed(FIX)
     with methods_alone(FIX, _methods()):
         out = _scenario()
     assert out.bug, out.seen

@@ -9,7 +9,7 @@ import pytest
 from sglang_swa_plugin.fix import ScenarioUnavailable, Verdict
 from sglang_swa_plugin.hooks import swa_graph_padding as gp
 
-from helpers import fixed_alone, methods_alone
+from helpers import fixed_alone, methods_alone, scenario_or_skip, skip_unless_needed
 
 FIX = gp.FIX
 
@@ -21,12 +21,7 @@ def _methods():
 
 
 def _scenario():
-    from sglang_swa_plugin.check import swa_graph_padding as scen
-
-    try:
-        return scen.scenario()
-    except ScenarioUnavailable as e:
-        pytest.skip(str(e))
+    return scenario_or_skip("swa_graph_padding")
 
 
 def test_detection_is_decided():
@@ -34,8 +29,7 @@ def test_detection_is_decided():
 
 
 def test_stock_sglang_keeps_stale_swa_slots_in_padded_rows_where_detection_says_needed():
-    if FIX.detect().verdict is not Verdict.NEEDED:
-        pytest.skip(f"not needed here: {FIX.detect().reason}")
+    skip_unless_needed(FIX)
     with methods_alone(FIX, _methods()):
         out = _scenario()
     assert out.bug, out.seen
@@ -70,8 +64,7 @@ def test_repeated_padded_replays_clear_every_tail_and_a_replaced_buffer():
     """The padded tail's view is made once per size and reused: padded replays of 1, 3, 1
     and 2 requests (interleaved with full ones) each leave the padding slot from their last
     real row on; a buffer sglang replaces is cleared, not the old one's view."""
-    if FIX.detect().verdict is not Verdict.NEEDED:
-        pytest.skip(f"not needed here: {FIX.detect().reason}")
+    skip_unless_needed(FIX)
     import torch
 
     from sglang_swa_plugin.check import swa_graph_padding as scen

@@ -8,10 +8,10 @@ import importlib
 
 import pytest
 
-from sglang_swa_plugin.fix import ScenarioUnavailable, Verdict
+from sglang_swa_plugin.fix import Verdict
 from sglang_swa_plugin.hooks import triton_swa_window as tw
 
-from helpers import fixed_alone, methods_alone
+from helpers import fixed_alone, methods_alone, scenario_or_skip, skip_unless_needed
 
 FIX = tw.FIX
 WINDOW = 7
@@ -23,12 +23,7 @@ def _methods():
 
 
 def _scenario():
-    from sglang_swa_plugin.check import triton_swa_window as scen
-
-    try:
-        return scen.scenario()
-    except ScenarioUnavailable as e:
-        pytest.skip(str(e))
+    return scenario_or_skip("triton_swa_window")
 
 
 def test_detection_is_decided():
@@ -36,8 +31,7 @@ def test_detection_is_decided():
 
 
 def test_stock_triton_decode_attends_one_key_less_than_the_window_rule():
-    if FIX.detect().verdict is not Verdict.NEEDED:
-        pytest.skip(f"not needed here: {FIX.detect().reason}")
+    skip_unless_needed(FIX)
     with methods_alone(FIX, _methods()):
         out = _scenario()
     assert out.bug, out.seen
@@ -61,8 +55,7 @@ def test_decode_attends_window_plus_one_keys_eager_and_in_graphs_with_the_fix():
 def test_extend_prefix_rail_keeps_its_offsets_consistent():
     """Extend and verify get one prefix key more, which their kernel masks (``q <= k +
     window``): the rail's start offset moves with it, so each query's window is unchanged."""
-    if FIX.detect().verdict is not Verdict.NEEDED:
-        pytest.skip(f"not needed here: {FIX.detect().reason}")
+    skip_unless_needed(FIX)
     import torch
 
     mod = importlib.import_module(tw.MODULE)

@@ -18,6 +18,17 @@ from ..doctor import NOT_LOADED, _sglang_importable, _sglang_version, fix_record
 from ..fix import Fix, ScenarioUnavailable, Verdict
 
 
+def print_outcome(scenario) -> None:
+    """What ``python -m sglang_swa_plugin.check.<fix>`` prints: the scenario's outcome as one
+    JSON line."""
+    import json
+    import sys
+
+    out = scenario()
+    json.dump({"bug": out.bug, "seen": out.seen}, sys.stdout, default=str)
+    print()
+
+
 class Outcome(NamedTuple):
     """What a fix's CPU scenario found: ``bug`` (the bug shows) and ``seen`` (what the
     scenario observed: per backend/view verdicts, recorded kernel calls, a message)."""

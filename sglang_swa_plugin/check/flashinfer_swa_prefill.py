@@ -10,11 +10,8 @@ with the window (7), the full layer's with none (-1); the paged plans likewise.
 
 from __future__ import annotations
 
-import importlib
-import json
-import sys
 
-from . import Outcome
+from . import Outcome, print_outcome
 
 WINDOW = 7
 PROMPTS = (20, 5, 13)  # longer than, shorter than, longer than the window
@@ -114,6 +111,4 @@ def reproduce() -> bool:
 
 
 if __name__ == "__main__":
-    out = scenario()
-    json.dump({"bug": out.bug, "seen": out.seen}, sys.stdout, default=str)
-    print()
+    print_outcome(scenario)

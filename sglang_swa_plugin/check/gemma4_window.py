@@ -9,11 +9,9 @@ all three agree on every sliding layer, and full layers have no window.
 
 from __future__ import annotations
 
-import json
 import socket
-import sys
 
-from . import Outcome
+from . import Outcome, print_outcome
 
 WINDOW = 16
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -108,6 +106,4 @@ def reproduce() -> bool:
 
 
 if __name__ == "__main__":
-    out = scenario()
-    json.dump({"bug": out.bug, "seen": out.seen}, sys.stdout, default=str)
-    print()
+    print_outcome(scenario)

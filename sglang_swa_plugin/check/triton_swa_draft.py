@@ -17,11 +17,9 @@ import contextlib
 import dataclasses
 import importlib
 import inspect
-import json
-import sys
 from types import SimpleNamespace
 
-from . import Outcome
+from . import Outcome, print_outcome
 
 WINDOW = 7
 PREFIXES = (20, 5, 13)  # longer than, shorter than, longer than the window
@@ -383,6 +381,4 @@ def reproduce() -> bool:
 
 
 if __name__ == "__main__":
-    out = scenario()
-    json.dump({"bug": out.bug, "seen": out.seen}, sys.stdout, default=str)
-    print()
+    print_outcome(scenario)

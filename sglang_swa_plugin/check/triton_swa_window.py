@@ -9,10 +9,8 @@ as the model, fa3, flashinfer and triton's own extend kernel do.
 
 from __future__ import annotations
 
-import json
-import sys
 
-from . import Outcome
+from . import Outcome, print_outcome
 from .triton_swa_draft import MODULE, WINDOW, _decode_call, build, cpu_triton
 
 SEQ_LENS = (21, 6, 14)  # longer than, shorter than, longer than the window
@@ -83,6 +81,4 @@ def reproduce() -> bool:
 
 
 if __name__ == "__main__":
-    out = scenario()
-    json.dump({"bug": out.bug, "seen": out.seen}, sys.stdout, default=str)
-    print()
+    print_outcome(scenario)

@@ -7,27 +7,37 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_swa_plugin.core import temporarily_installed
-from sglang_swa_plugin.fix import ScenarioUnavailable, Verdict
+from sglang_swa_plugin.fix import Verdict
 from sglang_swa_plugin.hooks import flashinfer_swa_prefill as fp
 
-from helpers import skip_unless_needed
+from helpers import fixed_alone, methods_alone, scenario_or_skip, skip_unless_needed
 
 FIX = fp.FIX
 
 
-def _scenario(fixed: bool):
-    from sglang_swa_plugin.check import flashinfer_swa_prefill as scen
+def _methods():
+    import importlib
 
-    if fixed and FIX.detect().verdict is not Verdict.NEEDED:
-        pytest.skip(f"not needed here: {FIX.detect().reason}")
-    try:
-        # installed before the backend is built, as at server start (the fix pairs the wrapper
-        # sglang builds in __init__)
-        with temporarily_installed(*([FIX] if fixed else [])):
-            return scen.scenario()
-    except ScenarioUnavailable as e:
-        pytest.skip(str(e))
+    from sglang_swa_plugin.probe import optional_module
+
+    # sglang's model runner first: on 0.5.10 importing it runs the plugin's start-up hook, which
+    # installs the fix for good; what is peeled below must be peeled after that
+    importlib.import_module("sglang.srt.model_executor.model_runner")
+    mod = optional_module(fp.MODULE)
+    if mod is None:
+        return {}
+    return {mod.FlashInferAttnBackend: ("__init__", "forward_extend"),
+            mod.FlashInferIndicesUpdaterPrefill: ("update_sliding_window",)}
+
+
+def _scenario(fixed: bool):
+    """The scenario with sglang's methods as sglang defines them (the 0.5.10 start-up hook may
+    have installed the fix already), then the fix installed where ``fixed``: before the backend
+    is built, as at server start (the fix pairs the wrapper sglang builds in ``__init__``)."""
+    if fixed:
+        skip_unless_needed(FIX)
+    with (fixed_alone if fixed else methods_alone)(FIX, _methods()):
+        return scenario_or_skip("flashinfer_swa_prefill")
 
 
 def test_detection_is_decided():

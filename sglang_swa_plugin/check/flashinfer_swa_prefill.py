@@ -51,9 +51,10 @@ def scenario() -> Outcome:
     from . import testbed as tb
     from .flashinfer_swa_verify import kernel_twins
 
-    fi = optional_module("sglang.srt.layers.attention.flashinfer_backend")
+    module = "sglang.srt.layers.attention.flashinfer_backend"
+    fi = optional_module(module)
     if fi is None or not hasattr(fi, "FlashInferAttnBackend"):
-        raise ScenarioUnavailable("this sglang has no flashinfer attention backend")
+        raise ScenarioUnavailable(f"this sglang has no {module}.FlashInferAttnBackend")
     pool = tb.make_swa_pool(size=256, size_swa=128)
     alloc = tb.make_swa_allocator(pool)
     tb.diverge(alloc, 11)
@@ -77,7 +78,7 @@ def scenario() -> Outcome:
                                    extend_seq_lens=list(PROMPTS), out_cache_loc=torch.cat(tokens), attn_backend=backend)
         backend.init_forward_metadata(fb)
         if not backend.forward_metadata.use_ragged:
-            raise ScenarioUnavailable("this prefill does not take flashinfer's ragged path here")
+            raise ScenarioUnavailable(f"this prefill does not take {module}'s ragged path here")
         seen = {}
         n = sum(PROMPTS)
         for name, layer in (("sliding", tb.swa_layer(pool, runner)), ("full", tb.full_layer(pool, runner))):
@@ -93,8 +94,9 @@ def scenario() -> Outcome:
                 continue
             runs = [r.runs[-1] for r in made if len(r.runs) > before[id(r)]]
             seen[name] = runs[0] if len(runs) == 1 else {"error": f"{len(runs)} ragged runs"}
-        # paged-only prefill (what piecewise CUDA graphs and SGLANG_FLASHINFER_USE_PAGED take)
-        backend.use_paged = True
+        # paged-only prefill (what piecewise CUDA graphs and SGLANG_FLASHINFER_USE_PAGED take;
+        # 0.5.10 has no use_paged: deterministic inference takes the same path)
+        setattr(backend, "use_paged" if hasattr(backend, "use_paged") else "enable_deterministic", True)
         for plans in paged_plans.values():
             plans.clear()
         backend.init_forward_metadata(fb)

@@ -13,6 +13,7 @@ import socket
 
 from . import Outcome, print_outcome
 
+MODULE = "sglang.srt.models.gemma4_causal"
 WINDOW = 16
 LAYER_TYPES = ("sliding_attention", "full_attention")
 QUERY = 40  # a position far past the window
@@ -80,9 +81,9 @@ def scenario() -> Outcome:
     from sglang_swa_plugin.fix import ScenarioUnavailable
     from sglang_swa_plugin.probe import optional_module
 
-    g4 = optional_module("sglang.srt.models.gemma4_causal")
+    g4 = optional_module(MODULE)
     if g4 is None or not hasattr(g4, "Gemma4Attention"):
-        raise ScenarioUnavailable("this sglang has no Gemma 4")
+        raise ScenarioUnavailable(f"this sglang has no {MODULE}.Gemma4Attention")
     from transformers import Gemma4TextConfig
 
     _tensor_parallel_of_one()

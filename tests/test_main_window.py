@@ -39,7 +39,10 @@ MAIN_ONLY = {"frozen_kv_views": "#25103", "trtllm_extend_routing": "#24566", "tr
 # replay pushes page ids through the token-slot mapping; Triton builds no window rail for
 # draft extend or the multi-step draft decode. S2 and S4 cache the pool's last full->SWA
 # translation (state reset by ``register_mapping``), which the page probe once missed.
-DECIDED = {"fa3_local_attn_pages": Verdict.NEEDED, "triton_swa_draft": Verdict.NEEDED}
+# Gemma4Attention passes ``config.sliding_window`` itself on all four (#26147 is later), and
+# flashinfer's prefix-free ragged prefill runs without ``window_left`` on all four.
+DECIDED = {"fa3_local_attn_pages": Verdict.NEEDED, "triton_swa_draft": Verdict.NEEDED,
+           "gemma4_window": Verdict.NEEDED, "flashinfer_swa_prefill": Verdict.NEEDED}
 OPT_IN = {"swa_index_guard"}
 on_snapshot = pytest.mark.skipif(SNAPSHOT is None, reason="not an upstream main commit (nox -s mainwindow: S1-S4)")
 

@@ -1591,6 +1591,31 @@ def scenario_triton_mtp(out, _target, _draft):
     return {**res, **judged(runs, "ref"), **controls}
 
 
+def scenario_one_pool_mle(out, _target, _draft):
+    """Issue #28 item 4 (one_pool_draft_extend): the tiny MiMo-V2 target of triton_mtp with
+    multi-layer EAGLE (3 MTP steps, topk 1, dummy draft weights) on fa3 with one KV pool
+    (--disable-hybrid-swa-memory), CUDA graphs on: stock stops in the draft-extend graph capture
+    on 0.5.10-0.5.12 (AttributeError: the pool has no SWA translation). Rows: ``ref`` (no
+    speculation, same flags, plugin on), ``mle_on``, ``mle_off``. Each row's state, and the
+    speculative rows' requests identical to ``ref`` (a right draft path changes no token)."""
+    target = make_mimo_v2_target(tempfile.mkdtemp(prefix="swa_mimo_"))
+    reqs = prompts(32, 100, seed=int(prompt_seeds()[0]))
+    base = BASE + ["--model-path", target, "--trust-remote-code", "--attention-backend", "fa3",
+                   "--cuda-graph-max-bs", "32", "--disable-hybrid-swa-memory"]
+    mle = ["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", target,
+           "--speculative-draft-load-format", "dummy", "--speculative-eagle-topk", "1",
+           "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
+    rows = {"ref": (base, ON), "mle_on": (base + mle, ON), "mle_off": (base + mle, OFF)}
+    res = run_many({k: (f"onepool_{k}", out, args, env, reqs, 48) for k, (args, env) in rows.items()})
+    ref = res["ref"].get("outputs") or []
+    for k in ("mle_on", "mle_off"):
+        r = res[k]
+        cmp = compare(r.get("outputs") or [], ref) if r.get("state") == "served" and res["ref"].get("state") == "served" else None
+        print(f"ONE_POOL_MLE {k}: {r.get('state')} | identical to ref {cmp and cmp['identical_requests']}/32 | "
+              f"accept {r.get('accept_length')} | {r.get('error') or ''}"[:400], flush=True)
+    return res
+
+
 SETTINGS = {"off": OFF, "on": ON, "guard": {**ON, "SGLANG_SWA_PLUGIN_GUARD": "1"}}
 
 
@@ -1723,7 +1748,7 @@ SCENARIOS = {"trtllm_eagle_accept": scenario_trtllm_eagle_accept, "xqa_verify": 
              "llama4_tree": scenario_llama4_tree, "llama4_tree_wide": scenario_llama4_tree_wide,
              "triton_mtp": scenario_triton_mtp, "llama4_exact": scenario_llama4_exact,
              "gptoss_exact": scenario_gptoss_exact, "gemma4_exact": scenario_gemma4_exact,
-             "throughput": scenario_throughput}
+             "throughput": scenario_throughput, "one_pool_mle": scenario_one_pool_mle}
 
 
 def _summary(res: dict) -> dict:

@@ -87,8 +87,7 @@ class OnePoolDraftExtendFix(Fix):
     upstream_prs = ("#25824",)
     targets = (TARGET,)
     target_params = {TARGET: ("self", "bs", "forward")}
-    # No CPU scenario: the capture needs CUDA graphs (tests/test_one_pool_draft_extend.py runs the
-    # hook on sglang's real pools).
+    check_module = "sglang_swa_plugin.check.one_pool_draft_extend"
 
     def detect(self) -> Detection:
         return classify()

@@ -60,3 +60,22 @@ def test_an_swa_pool_keeps_its_own_translation():
 
     got = op._one_pool_capture(capture, _Runner(pool), 4, None)
     assert torch.equal(got, want) and not torch.equal(got, loc), (got, loc)
+
+
+def test_the_scenario_shows_the_crash_on_stock_and_the_answer_with_the_fix():
+    from sglang_swa_plugin.core import temporarily_installed
+
+    import importlib
+
+    from helpers import methods_alone, scenario_or_skip, skip_unless_needed
+
+    skip_unless_needed(FIX)
+    # the model runner first: on 0.5.10 importing it runs the start-up hook, which installs the fix
+    importlib.import_module("sglang.srt.model_executor.model_runner")
+    runner_cls = optional_module(op.MODULE).MultiLayerEagleDraftExtendCudaGraphRunner
+    with methods_alone(FIX, {runner_cls: ("capture_one_batch_size",)}):
+        out = scenario_or_skip("one_pool_draft_extend")
+    assert out.bug and "translate_loc_from_full_to_swa" in out.seen["error"], out.seen
+    with temporarily_installed(FIX):
+        out = scenario_or_skip("one_pool_draft_extend")
+    assert not out.bug and out.seen["answered"] == [3, 7, 11], out.seen

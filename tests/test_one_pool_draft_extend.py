@@ -32,7 +32,11 @@ def test_detection_reads_the_capture():
     if cls is None:
         assert FIX.detect().verdict is Verdict.NOT_APPLICABLE
         return
-    calls = op._pool_translations(own_function(cls, "capture_one_batch_size"))
+    capture = own_function(cls, "capture_one_batch_size")
+    if capture is None:  # 0.5.14+: the runner has no capture of its own, nor any translation
+        assert FIX.detect().verdict is Verdict.NOT_NEEDED, FIX.detect().reason
+        return
+    calls = op._pool_translations(capture)
     assert (FIX.detect().verdict is Verdict.NEEDED) == bool(calls), FIX.detect().reason
 
 

@@ -9,12 +9,14 @@ all three agree on every sliding layer, and full layers have no window.
 
 from __future__ import annotations
 
+import inspect
 import socket
 
 from . import Outcome, print_outcome
 
 MODULE = "sglang.srt.models.gemma4_causal"
 WINDOW = 16
+HEAD_DIM, MAX_POSITIONS = 16, 128
 LAYER_TYPES = ("sliding_attention", "full_attention")
 QUERY = 40  # a position far past the window
 
@@ -33,7 +35,10 @@ def _tensor_parallel_of_one() -> None:
         port = s.getsockname()[1]
     ps.init_distributed_environment(backend="gloo", world_size=1, rank=0, local_rank=0,
                                     distributed_init_method=f"tcp://127.0.0.1:{port}")
-    ps.initialize_model_parallel(1)
+    if "tensor_model_parallel_size" in inspect.signature(ps.initialize_model_parallel).parameters:
+        ps.initialize_model_parallel(tensor_model_parallel_size=1)
+    else:  # 0.5.22+: the widths come from the runtime context (one process: all 1)
+        ps.initialize_model_parallel()
 
 
 def _model_keys(config, layer_type: str) -> int:
@@ -61,7 +66,7 @@ def _layer(g4, layer_id: int, config, seen: dict):
 
     from sglang_swa_plugin.probe import swapped
 
-    args = (layer_id, config, config.head_dim, config.max_position_embeddings)
+    args = (layer_id, config, HEAD_DIM, MAX_POSITIONS)  # not read from config: per-layer there in newer transformers
     try:
         layer = g4.Gemma4Attention(*args)
         seen.setdefault("rope", "sglang's")
@@ -88,8 +93,8 @@ def scenario() -> Outcome:
 
     _tensor_parallel_of_one()
     config = Gemma4TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=len(LAYER_TYPES),
-                              num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=WINDOW,
-                              layer_types=list(LAYER_TYPES), max_position_embeddings=128)
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=HEAD_DIM, sliding_window=WINDOW,
+                              layer_types=list(LAYER_TYPES), max_position_embeddings=MAX_POSITIONS)
     runner_window = g4.get_attention_sliding_window_size(config)
     seen, bug = {}, False
     for layer_id, layer_type in enumerate(LAYER_TYPES):

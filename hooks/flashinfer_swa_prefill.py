@@ -73,6 +73,8 @@ def _with_windowed_ragged(original, self, *args, **kwargs):
         made.append((a, k, cls(*a, **k)))
         return made[-1][2]
 
+    if type(self).forward_extend is not mod.FlashInferAttnBackend.forward_extend:
+        return original(self, *args, **kwargs)  # a subclass with its own prefill (trtllm_mha): no twin to plan
     with swapped(mod, WRAPPER, build):
         result = original(self, *args, **kwargs)
     window = getattr(argument(original, "model_runner", args, kwargs), "sliding_window_size", None)

@@ -58,9 +58,8 @@ def _pool_translations(fn) -> list:
 def _guarded(fn) -> bool:
     """Some ``if`` of ``fn`` tests the pool or SWA before translating."""
     tree, src = function_tree(fn)
-    return any(isinstance(n, ast.If) and any(w in ast.get_source_segment(src, n.test) or ""
-                                             for w in ("swa", "SWA", "hybrid", METHOD))
-               for n in nodes(tree))
+    tests = [ast.get_source_segment(src, n.test) or "" for n in nodes(tree) if isinstance(n, ast.If)]
+    return any(w in test for test in tests for w in ("swa", "SWA", "hybrid", METHOD))
 
 
 def classify() -> Detection:

@@ -117,3 +117,17 @@ def test_detection_hooks_the_paged_plan_exactly_where_sglang_plans_it_without_th
     fn = own_function(mod.FlashInferIndicesUpdaterPrefill, "update_sliding_window")
     planned = any(isinstance(n, ast.keyword) and n.arg == "window_left" for n in nodes(function_tree(fn)[0]))
     assert (fp.PAGED_PLAN in FIX.detect().targets) == (not planned)
+
+
+def test_a_subclass_with_its_own_prefill_gets_no_twin():
+    """trtllm_mha derives from FlashInferAttnBackend but prefills with its own kernels: nothing is
+    paired (a twin would be planned at every prefill for nothing)."""
+    from sglang_swa_plugin.check import testbed as tb
+
+    skip_unless_needed(FIX)
+    pool = tb.make_swa_pool()
+    runner = tb.make_model_runner(kv_pool=pool, allocator=tb.make_swa_allocator(pool),
+                                  req_to_token_pool=tb.make_req_to_token_pool(), attention_backend="trtllm_mha")
+    with fixed_alone(FIX, _methods()):
+        backend = tb.build_trtllm_backend(runner)
+    assert not isinstance(getattr(backend, "prefill_wrapper_ragged", None), fp.WindowedRagged)

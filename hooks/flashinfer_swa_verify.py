@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import re
 import threading
 from typing import Any, Optional
@@ -112,55 +111,6 @@ def _call_begin_forward(original, self, *args, **kwargs):
         _active.window = None
 
 
-def windowed_verify_mask(tree_mask, prefix_kept, kv_start, draft_token_num: int, window: int, kept_sum: int):
-    """The verify mask for keys ``[seq_len - L, seq_len + q_len)`` of each request, from
-    sglang's full-prefix tree mask (``q_len x (seq_len + q_len)`` per request, flattened).
-    ``prefix_kept`` is L per request, ``kv_start`` is ``seq_len - L``, ``kept_sum`` the host
-    sum of L. Row i (tree depth d_i) sees prefix column c iff ``c >= L + d_i - window`` and
-    draft column j iff its tree bit is set and ``d_j >= d_i - window``."""
-    import torch
-
-    n = int(draft_token_num)
-    dev = prefix_kept.device
-    L = prefix_kept.to(torch.int64)
-    P = kv_start.to(torch.int64) + L
-    bs = L.numel()
-    new_row = L + n
-    new_end = torch.cumsum(n * new_row, 0)
-    new_off = new_end - n * new_row
-    old_row = P + n
-    old_off = torch.cumsum(n * old_row, 0) - n * old_row
-    flat = tree_mask.reshape(-1)
-    ar = torch.arange(n, device=dev)
-    # The draft block of the stock mask: [bs, row, draft column].
-    idx = old_off.view(-1, 1, 1) + ar.view(1, -1, 1) * old_row.view(-1, 1, 1) + P.view(-1, 1, 1) + ar.view(1, 1, -1)
-    if flat.numel() == 0:
-        tree = torch.ones(bs, n, n, dtype=torch.bool, device=dev)
-    else:
-        tree = flat[idx.clamp_(0, flat.numel() - 1)].to(torch.bool)  # padded graph rows: any bits
-    depth = tree.sum(-1) - 1
-    t = torch.arange(n * kept_sum + n * n * bs, device=dev)
-    req = torch.searchsorted(new_end, t, right=True)
-    local = t - new_off[req]
-    width = new_row[req]
-    row = local // width
-    col = local - row * width
-    kept = L[req]
-    d_row = depth[req, row]
-    j = (col - kept).clamp(0, n - 1)
-    draft_ok = tree[req, row, j] & (depth[req, j] >= d_row - window)
-    return torch.where(col < kept, col >= kept + d_row - window, draft_ok)
-
-
-TORCH_MASK_ENV = "SGLANG_SWA_PLUGIN_FI_TORCH_MASK"
-
-
-def use_triton(t) -> bool:
-    """Triton kernels for CUDA tensors (one launch each for keys and mask); the torch ops
-    elsewhere, and on CUDA too with ``SGLANG_SWA_PLUGIN_FI_TORCH_MASK=1`` (the reference)."""
-    return t.is_cuda and _mask_kernel is not None and os.environ.get(TORCH_MASK_ENV, "") != "1"
-
-
 try:
     import triton
     import triton.language as tl
@@ -175,7 +125,7 @@ if triton is not None:
                               N: tl.constexpr, NB: tl.constexpr, BS_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
                               EMPTY: tl.constexpr):
         """One program per (request b, draft row i): row i of request b of the re-laid mask
-        (``L + N`` columns, uint8 0/1), what ``windowed_verify_mask`` computes."""
+        (``L + N`` columns, uint8 0/1; see ``windowed_verify_mask``)."""
         b = tl.program_id(0)
         i = tl.program_id(1)
         L = tl.load(kept_ptr + b).to(tl.int64)
@@ -224,8 +174,14 @@ if triton is not None:
     _mask_kernel = _windowed_mask_kernel
 
 
-def windowed_verify_mask_triton(tree_mask, prefix_kept, kv_start, draft_token_num: int, window: int, kept_sum: int):
-    """``windowed_verify_mask`` in one Triton launch (CUDA tensors); same values, same layout."""
+def windowed_verify_mask(tree_mask, prefix_kept, kv_start, draft_token_num: int, window: int, kept_sum: int):
+    """The verify mask for keys ``[seq_len - L, seq_len + q_len)`` of each request, from
+    sglang's full-prefix tree mask (``q_len x (seq_len + q_len)`` per request, flattened), in
+    one Triton launch. ``prefix_kept`` is L per request, ``kv_start`` is ``seq_len - L``,
+    ``kept_sum`` the host sum of L. Row i (tree depth d_i) sees prefix column c iff
+    ``c >= L + d_i - window`` and draft column j iff its tree bit is set and
+    ``d_j >= d_i - window``. (A CUDA kernel: the CPU scenario of ``check`` runs its torch
+    twin, ``check.flashinfer_swa_verify.MaskTwin``, which the GPU tests compare it with.)"""
     import torch
 
     n = int(draft_token_num)
@@ -243,17 +199,10 @@ def windowed_verify_mask_triton(tree_mask, prefix_kept, kv_start, draft_token_nu
     return out.view(torch.bool)
 
 
-_kv_indices_kernel = None
-
-
-def _sglang_kv_indices_kernel():
-    """sglang's ``create_flashinfer_kv_indices_triton`` (keys ``req_to_token[req, start : start + len]``)."""
-    global _kv_indices_kernel
-    if _kv_indices_kernel is None:
-        from sglang.srt.layers.attention.utils import create_flashinfer_kv_indices_triton
-
-        _kv_indices_kernel = create_flashinfer_kv_indices_triton
-    return _kv_indices_kernel
+def _kv_indices_kernel():
+    """sglang's ``create_flashinfer_kv_indices_triton`` (keys ``req_to_token[req, start : start + len]``),
+    as the classic builder it stands in for reads it: from its module, at each use."""
+    return optional_module(EAGLE_INFO).create_flashinfer_kv_indices_triton
 
 
 def _windowed_args(spec_info, req_pool_indices, paged_kernel_lens, paged_kernel_lens_sum, req_to_token, start, window):
@@ -269,21 +218,15 @@ def _windowed_args(spec_info, req_pool_indices, paged_kernel_lens, paged_kernel_
     kv_lens = paged_kernel_lens + n
     kv_indptr = torch.zeros((bs + 1,), dtype=torch.int32, device=dev)
     kv_indptr[1:] = torch.cumsum(kv_lens, dim=0)
-    if use_triton(req_pool_indices):
-        kv_indices = torch.empty(total, dtype=torch.int32, device=dev)
-        _sglang_kv_indices_kernel()[(bs,)](req_to_token, req_pool_indices, kv_lens, kv_indptr, start, kv_indices,
-                                           req_to_token.shape[1])
-    else:
-        req = torch.repeat_interleave(torch.arange(bs, device=dev), kv_lens, output_size=total)
-        pos = start.to(torch.int64)[req] + torch.arange(total, device=dev) - kv_indptr[req].to(torch.int64)
-        kv_indices = req_to_token[req_pool_indices.to(torch.int64)[req], pos].to(torch.int32)
+    kv_indices = torch.empty(total, dtype=torch.int32, device=dev)
+    _kv_indices_kernel()[(bs,)](req_to_token, req_pool_indices, kv_lens, kv_indptr, start, kv_indices,
+                                req_to_token.shape[1])
     return kv_indices, kv_indptr, qo_indptr, _mask(spec_info, paged_kernel_lens, paged_kernel_lens_sum, start, window)
 
 
 def _mask(spec_info, prefix_kept, kept_sum, start, window):
-    """The re-laid verify mask: one Triton launch on CUDA, torch ops elsewhere."""
-    build = windowed_verify_mask_triton if use_triton(start) else windowed_verify_mask
-    return build(spec_info.custom_mask, prefix_kept, start, spec_info.draft_token_num, window, int(kept_sum))
+    return windowed_verify_mask(spec_info.custom_mask, prefix_kept, start, spec_info.draft_token_num, window,
+                                int(kept_sum))
 
 
 class _ReadFromStart:

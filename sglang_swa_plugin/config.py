@@ -18,10 +18,6 @@ Read elsewhere, and documented here so that this list is complete:
 SGLANG_PLUGINS           sglang's own allow-list of plugin names (>= 0.5.11); unset, or
                          naming swa_plugin, lets sglang load the plugin. ``doctor`` and
                          ``check`` read it to tell whether the plugin will load.
-SGLANG_SWA_PLUGIN_FI_TORCH_MASK
-                         exactly 1: flashinfer_swa_verify builds its verify keys and mask
-                         with torch ops instead of its Triton kernels (the reference the
-                         GPU tests compare against); anything else: Triton on CUDA tensors.
 """
 
 from __future__ import annotations
@@ -37,7 +33,6 @@ STRICT = "SGLANG_SWA_PLUGIN_STRICT"
 GUARD = "SGLANG_SWA_PLUGIN_GUARD"
 ALL_VARS = (ENABLE, FIXES, STRICT, GUARD)
 SGLANG_PLUGINS = "SGLANG_PLUGINS"  # sglang's allow-list of plugins
-FI_TORCH_MASK = "SGLANG_SWA_PLUGIN_FI_TORCH_MASK"  # read by hooks/flashinfer_swa_verify.py
 
 _TRUE = {"1", "true", "on", "yes"}
 _FALSE = {"0", "false", "off", "no"}

@@ -94,7 +94,8 @@ def _brute(tree, prefixes, n, window, parents_depth):
 
 @pytest.mark.parametrize("topk,window", [(1, 7), (2, 7), (2, 2), (1, 1)])
 def test_windowed_mask_matches_positions(topk, window):
-    """The device mask builder against a per-element rule, windows narrower than the tree
+    """The mask's torch twin (what the CPU scenario runs for the fix's kernel; the GPU tests
+    compare the kernel with it) against a per-element rule, windows narrower than the tree
     included, and a stock mask shorter than the batch (padded CUDA-graph rows)."""
     n = 4 if topk == 1 else 6
     parents = sc.tree_parents(topk, n)
@@ -111,10 +112,10 @@ def test_windowed_mask_matches_positions(topk, window):
     tree = torch.cat(parts)
     L = torch.tensor([min(p, window) for p in prefixes])
     start = torch.tensor(prefixes) - L
-    got = m.windowed_verify_mask(tree, L, start, n, window, int(L.sum()))
+    got = sc.mask_twin(tree, L, start, n, window, int(L.sum()))
     assert torch.equal(got, _brute(tree, prefixes, n, window, depth))
     # padded rows past the stock mask: no out-of-range read, real rows unchanged
     short = tree[: tree.numel() - 7]
-    got2 = m.windowed_verify_mask(short, L, start, n, window, int(L.sum()))
+    got2 = sc.mask_twin(short, L, start, n, window, int(L.sum()))
     keep = int((n * (L[:-1] + n)).sum())
     assert torch.equal(got2[:keep], got[:keep])

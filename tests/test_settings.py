@@ -175,7 +175,7 @@ def test_every_environment_variable_the_code_reads_is_documented():
     from helpers import HERE
 
     read = _environment_variables_read()
-    assert {config.SGLANG_PLUGINS, config.FI_TORCH_MASK} <= read, read  # the scan sees the code
+    assert config.SGLANG_PLUGINS in read, read  # the scan sees the code
     readme = (HERE.parent / "README.md").read_text()
     for var in read | set(config.ALL_VARS):
         assert var in config.__doc__, var

@@ -7,11 +7,13 @@ on, mask laid out as flashinfer reads it: q_len x kv_len per request) with what 
 causal attention needs: the prefix positions ``[p - window, p)`` and the row's tree
 ancestors, in SWA space for the sliding wrapper and full space for the full one.
 
-sglang's Triton gather ``create_flashinfer_kv_indices_triton`` cannot run on a CPU (not
-even under ``TRITON_INTERPRET=1``: the interpreter rejects its loop bound), so on CPU the
-scenario swaps in :class:`KvIndicesTwin`, a torch twin of that kernel's contract (rows of
-``req_to_token`` from ``kv_start_idx`` or 0, ``page_kernel_lens`` long, packed at
-``kv_indptr``). On a GPU the real kernel runs. ``python -m sglang_swa_plugin.check.flashinfer_swa_verify``
+sglang's Triton gather ``create_flashinfer_kv_indices_triton`` and the fix's own mask
+kernel cannot run on a CPU (not even under ``TRITON_INTERPRET=1``: the interpreter rejects
+their loop bounds), so on CPU the scenario swaps in torch twins of their contracts:
+:class:`KvIndicesTwin` (rows of ``req_to_token`` from ``kv_start_idx`` or 0,
+``page_kernel_lens`` long, packed at ``kv_indptr``) and :func:`mask_twin` (the re-laid
+verify mask, element by element the rule the kernel implements; the GPU tests compare the
+two). On a GPU the real kernels run. ``python -m sglang_swa_plugin.check.flashinfer_swa_verify``
 prints one JSON line.
 """
 
@@ -43,7 +45,7 @@ class KvIndicesTwin:
                 start = int(kv_start_idx[b]) if kv_start_idx is not None else 0
                 n, off = int(page_kernel_lens[b]), int(kv_indptr[b])
                 row = req_to_token[int(req_pool_indices[b])]
-                pos = torch.arange(start, start + n)
+                pos = torch.arange(start, start + n, device=row.device)
                 data = row[pos // ENTRY_PAGE_SIZE].to(torch.int64) * ENTRY_PAGE_SIZE + pos % ENTRY_PAGE_SIZE
                 if token_mapping is not None:
                     data = torch.where(data >= 0, token_mapping[data.clamp(min=0)].to(torch.int64), -1)
@@ -51,12 +53,53 @@ class KvIndicesTwin:
         return run
 
 
+def mask_twin(tree_mask, prefix_kept, kv_start, draft_token_num: int, window: int, kept_sum: int):
+    """``flashinfer_swa_verify.windowed_verify_mask`` (a Triton kernel) in torch ops: the verify
+    mask for keys ``[seq_len - L, seq_len + q_len)`` of each request, from sglang's
+    full-prefix tree mask (``q_len x (seq_len + q_len)`` per request, flattened).
+    ``prefix_kept`` is L per request, ``kv_start`` is ``seq_len - L``, ``kept_sum`` the host
+    sum of L. Row i (tree depth d_i) sees prefix column c iff ``c >= L + d_i - window`` and
+    draft column j iff its tree bit is set and ``d_j >= d_i - window``."""
+    import torch
+
+    n = int(draft_token_num)
+    dev = prefix_kept.device
+    L = prefix_kept.to(torch.int64)
+    P = kv_start.to(torch.int64) + L
+    bs = L.numel()
+    new_row = L + n
+    new_end = torch.cumsum(n * new_row, 0)
+    new_off = new_end - n * new_row
+    old_row = P + n
+    old_off = torch.cumsum(n * old_row, 0) - n * old_row
+    flat = tree_mask.reshape(-1)
+    ar = torch.arange(n, device=dev)
+    # The draft block of the stock mask: [bs, row, draft column].
+    idx = old_off.view(-1, 1, 1) + ar.view(1, -1, 1) * old_row.view(-1, 1, 1) + P.view(-1, 1, 1) + ar.view(1, 1, -1)
+    if flat.numel() == 0:
+        tree = torch.ones(bs, n, n, dtype=torch.bool, device=dev)
+    else:
+        tree = flat[idx.clamp_(0, flat.numel() - 1)].to(torch.bool)  # padded graph rows: any bits
+    depth = tree.sum(-1) - 1
+    t = torch.arange(n * kept_sum + n * n * bs, device=dev)
+    req = torch.searchsorted(new_end, t, right=True)
+    local = t - new_off[req]
+    width = new_row[req]
+    row = local // width
+    col = local - row * width
+    kept = L[req]
+    d_row = depth[req, row]
+    j = (col - kept).clamp(0, n - 1)
+    draft_ok = tree[req, row, j] & (depth[req, j] >= d_row - window)
+    return torch.where(col < kept, col >= kept + d_row - window, draft_ok)
+
+
 _GATHER_MODULES = ("sglang.srt.speculative.eagle_info", "sglang.srt.layers.attention.flashinfer_backend",
                    "sglang.srt.mem_cache.kv_index_translator")
 
 
 def kernel_twins():
-    """Swap the Triton gather for its torch twin where no GPU is present (undone on exit)."""
+    """Swap the Triton gather and the fix's mask kernel for their torch twins where no GPU is present (undone on exit)."""
     import contextlib
 
     import torch
@@ -65,6 +108,9 @@ def kernel_twins():
 
     stack = contextlib.ExitStack()
     if not torch.cuda.is_available():
+        from sglang_swa_plugin.hooks import flashinfer_swa_verify as fix
+
+        stack.enter_context(swapped(fix, "windowed_verify_mask", mask_twin))
         for name in _GATHER_MODULES:
             mod = optional_module(name)
             if mod is not None and hasattr(mod, "create_flashinfer_kv_indices_triton"):

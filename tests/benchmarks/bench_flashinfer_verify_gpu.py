@@ -8,8 +8,7 @@ captured in a ``torch.cuda.CUDAGraph``; a step is sglang's replay metadata
   baseline: the release's own verify planning with only the None-prefix repair (what 0.5.14+
             do; on 0.5.10-0.5.13 stock cannot run a verify step at all);
   fixed:    the whole fix (retained keys, re-laid mask, own mask buffer), keys and mask by
-            Triton kernels (one launch each);
-  fixed_torch: the whole fix with SGLANG_SWA_PLUGIN_FI_TORCH_MASK=1 (the torch ops path).
+            Triton kernels (one launch each).
 Printed: median and p90 microseconds per step over ITERS steps, interleaved in blocks.
 
     python tests/benchmarks/bench_flashinfer_verify_gpu.py [ITERS]
@@ -17,7 +16,6 @@ Printed: median and p90 microseconds per step over ITERS steps, interleaved in b
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
@@ -48,11 +46,7 @@ def bench(topk, which, iters):
     from sglang_swa_plugin.core import temporarily_installed
     from sglang_swa_plugin.hooks import flashinfer_swa_verify as m
 
-    fix = m.FIX if which.startswith("fixed") else _baseline_fix()
-    if which == "fixed_torch":
-        os.environ[m.TORCH_MASK_ENV] = "1"
-    else:
-        os.environ.pop(m.TORCH_MASK_ENV, None)
+    fix = m.FIX if which == "fixed" else _baseline_fix()
     gen = torch.Generator(device="cuda").manual_seed(0)
     n = t.draft_shape(topk)[0]
     with temporarily_installed(fix):
@@ -88,7 +82,7 @@ def bench(topk, which, iters):
 def main():
     iters = int(sys.argv[1]) if len(sys.argv) > 1 else 300
     for topk in (1, 2):
-        res = {"baseline": [], "fixed": [], "fixed_torch": []}
+        res = {"baseline": [], "fixed": []}
         for _ in range(3):  # interleaved blocks
             for which in res:
                 res[which] += bench(topk, which, iters // 3)

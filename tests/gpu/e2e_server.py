@@ -911,9 +911,12 @@ def against_reference(tag: str, out: str, reqs: list, model_fn, rows: dict) -> d
                                          "illegal_memory_access")} for k, v in res.items()}}
 
 
-def exact_base(target: str, total: int = 16384) -> list:
-    """sglang's defaults (CUDA graphs on, the backend's page size) for the exact scenarios."""
-    return ["--skip-tokenizer-init", "--disable-piecewise-cuda-graph", "--mem-fraction-static", os.environ.get("MEM_FRACTION", "0.5"),
+def exact_base(target: str, total: int = 16384, piecewise: bool = False) -> list:
+    """sglang's defaults (CUDA graphs on, the backend's page size) for the exact scenarios;
+    piecewise CUDA-graph prefill (sglang's default too) only where asked: it compiles for
+    about two minutes per server."""
+    return ["--skip-tokenizer-init", *([] if piecewise else ["--disable-piecewise-cuda-graph"]),
+            "--mem-fraction-static", os.environ.get("MEM_FRACTION", "0.5"),
             "--max-total-tokens", str(total), "--swa-full-tokens-ratio", "0.25", "--random-seed", "0",
             "--model-path", target, "--cuda-graph-max-bs", "32"]
 
@@ -967,7 +970,8 @@ def scenario_gptoss_exact(out, _target, _draft):
     quarter of the tokens) against transformers' float32 output, plain decode, per backend
     (BACKENDS, default fa3,flashinfer,triton,trtllm_mha) with and without the plugin, CUDA
     graphs ON, sglang's page size; "small": --max-total-tokens 4096 (32 requests of 194 tokens
-    do not fit: retractions); control: fa3, one pool, graphs off, stock. PROMPT_SEEDS."""
+    do not fit: retractions); "pw": piecewise CUDA-graph prefill on too (every default flag);
+    control: fa3, one pool, graphs off, stock. PROMPT_SEEDS."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import gptoss_target as gt
 
@@ -981,6 +985,8 @@ def scenario_gptoss_exact(out, _target, _draft):
         rows[f"{b}_eager_off"] = (eager(exact_base(target) + BACKEND_ARGS[b]), OFF)
         rows[f"{b}_eager_on"] = (eager(exact_base(target) + BACKEND_ARGS[b]), ON)
         rows[f"{b}_small_on"] = (exact_base(target, 4096) + BACKEND_ARGS[b], ON)
+        rows[f"{b}_small_off"] = (exact_base(target, 4096) + BACKEND_ARGS[b], OFF)
+        rows[f"{b}_small_noradix_on"] = (exact_base(target, 4096) + BACKEND_ARGS[b] + ["--disable-radix-cache"], ON)
         for topk in map(int, filter(None, os.environ.get("SPEC_TOPK", "").split(","))):  # EAGLE3, real draft
             sp = eagle3_real(draft, topk, 3, 4 if topk < 4 else 8)
             rows[f"{b}_k{topk}_on"] = (exact_base(target) + BACKEND_ARGS[b] + sp, ON)
@@ -988,6 +994,8 @@ def scenario_gptoss_exact(out, _target, _draft):
             rows[f"{b}_k{topk}_eager_on"] = (eager(exact_base(target) + BACKEND_ARGS[b] + sp), ON)
         for fix in filter(None, os.environ.get("WITHOUT_FIX", "").split(",")):  # the plugin less one fix
             rows[f"{b}_on_without_{fix}"] = (exact_base(target) + BACKEND_ARGS[b], {**ON, "SGLANG_SWA_PLUGIN_FIXES": f"all,-{fix}"})
+        rows[f"{b}_pw_on"] = (exact_base(target, piecewise=True) + BACKEND_ARGS[b], ON)  # every default flag
+        rows[f"{b}_pw_off"] = (exact_base(target, piecewise=True) + BACKEND_ARGS[b], OFF)
     if os.environ.get("TRITON_WINDOW_PROBE"):  # triton with one key more in its window buffers (test-side probe)
         probe = {"PYTHONPATH": os.pathsep.join(filter(None, [TRITON_WINDOW_PROBE, os.environ.get("PYTHONPATH")]))}
         rows["triton_window_plus1_on"] = (exact_base(target) + BACKEND_ARGS["triton"], {**ON, **probe})
@@ -1023,6 +1031,8 @@ def scenario_gemma4_exact(out, _target, _draft):
         rows[f"{b}_eager_off"] = (eager(exact_base(target) + BACKEND_ARGS[b]), OFF)
         rows[f"{b}_eager_on"] = (eager(exact_base(target) + BACKEND_ARGS[b]), ON)
         rows[f"{b}_small_on"] = (exact_base(target, 4096) + BACKEND_ARGS[b], ON)
+        rows[f"{b}_pw_on"] = (exact_base(target, piecewise=True) + BACKEND_ARGS[b], ON)  # every default flag
+        rows[f"{b}_pw_off"] = (exact_base(target, piecewise=True) + BACKEND_ARGS[b], OFF)
     rows["flashinfer_on_without_flashinfer_swa_prefill"] = (exact_base(target) + BACKEND_ARGS["flashinfer"],
                                                             {**ON, "SGLANG_SWA_PLUGIN_FIXES": "all,-flashinfer_swa_prefill"})
     return {"seeds": seeds, **against_reference("gemma4_exact", out, reqs, gt.hf_model, rows)}
@@ -1592,26 +1602,41 @@ def scenario_triton_mtp(out, _target, _draft):
 
 
 def scenario_one_pool_mle(out, _target, _draft):
-    """Issue #28 item 4 (one_pool_draft_extend): the tiny MiMo-V2 target of triton_mtp with
-    multi-layer EAGLE (3 MTP steps, topk 1, dummy draft weights) on fa3 with one KV pool
-    (--disable-hybrid-swa-memory), CUDA graphs on: stock stops in the draft-extend graph capture
-    on 0.5.10-0.5.12 (AttributeError: the pool has no SWA translation). Rows: ``ref`` (no
-    speculation, same flags, plugin on), ``mle_on``, ``mle_off``. Each row's state, and the
-    speculative rows' requests identical to ``ref`` (a right draft path changes no token)."""
+    """Issue #28 item 4 (one_pool_draft_extend, triton_one_pool_window): the tiny MiMo-V2 target
+    of triton_mtp with multi-layer EAGLE (3 MTP steps, topk 1, dummy draft weights) with one
+    KV pool (--disable-hybrid-swa-memory), CUDA graphs on, per backend of ONE_POOL_BACKENDS
+    (default fa3,triton). Stock fa3 stops in the draft-extend graph capture on 0.5.10-0.5.12
+    (AttributeError: the pool has no SWA translation); stock triton builds no window buffers
+    with one pool for a model without its own window method (MiMo-V2, Step3.5) and stops at
+    the first graph capture (Triton CompilationError). Rows per backend (fa3's keys have no
+    prefix): ``ref`` (no speculation, plugin on), ``ref_off`` (no speculation, stock),
+    ``mle_on``, ``mle_off``. Each row's state; the speculative rows' requests identical to the
+    same backend's ``ref`` (a right draft path changes no token); triton's ``ref`` against
+    fa3's (the two backends' one-pool decode of the same model)."""
     target = make_mimo_v2_target(tempfile.mkdtemp(prefix="swa_mimo_"))
-    reqs = prompts(32, 100, seed=int(prompt_seeds()[0]))
-    base = BASE + ["--model-path", target, "--trust-remote-code", "--attention-backend", "fa3",
-                   "--cuda-graph-max-bs", "32", "--disable-hybrid-swa-memory"]
+    reqs = [p for seed in prompt_seeds() for p in prompts(32, 100, seed=seed)]
     mle = ["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", target,
            "--speculative-draft-load-format", "dummy", "--speculative-eagle-topk", "1",
            "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
-    rows = {"ref": (base, ON), "mle_on": (base + mle, ON), "mle_off": (base + mle, OFF)}
+    rows = {}
+    for b in os.environ.get("ONE_POOL_BACKENDS", "fa3,triton").split(","):
+        base = BASE + ["--model-path", target, "--trust-remote-code", "--attention-backend", b,
+                       "--cuda-graph-max-bs", "32", "--disable-hybrid-swa-memory"]
+        p = "" if b == "fa3" else f"{b}_"
+        rows.update({f"{p}ref": (base, ON), f"{p}ref_off": (base, OFF), f"{p}mle_on": (base + mle, ON),
+                     f"{p}mle_off": (base + mle, OFF)})
+    only = os.environ.get("ROWS")
+    if only:
+        rows = {k: v for k, v in rows.items() if k in only.split(",")}
     res = run_many({k: (f"onepool_{k}", out, args, env, reqs, 48) for k, (args, env) in rows.items()})
-    ref = res["ref"].get("outputs") or []
-    for k in ("mle_on", "mle_off"):
-        r = res[k]
-        cmp = compare(r.get("outputs") or [], ref) if r.get("state") == "served" and res["ref"].get("state") == "served" else None
-        print(f"ONE_POOL_MLE {k}: {r.get('state')} | identical to ref {cmp and cmp['identical_requests']}/32 | "
+    for k, r in res.items():
+        prefix = k[:k.index("_") + 1] if k.split("_")[0] not in ("ref", "mle") else ""
+        # each row against its backend's ref; a backend's ref against fa3's ref
+        ref_key = (None if not prefix else "ref") if k == prefix + "ref" else prefix + "ref"
+        ref = res.get(ref_key, {}) if ref_key else {}
+        both = r.get("state") == "served" and ref.get("state") == "served"
+        cmp = compare(r.get("outputs") or [], ref.get("outputs") or []) if both else None
+        print(f"ONE_POOL_MLE {k}: {r.get('state')} | identical to {ref_key} {cmp and cmp['identical_requests']}/{len(reqs)} | "
               f"accept {r.get('accept_length')} | {r.get('error') or ''}"[:400], flush=True)
     return res
 

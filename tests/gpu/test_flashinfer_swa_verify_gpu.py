@@ -254,15 +254,19 @@ def test_stock_verify_is_wrong(topk, graph):
 
 
 @pytest.mark.parametrize("topk", [1, 2])
-def test_triton_path_equals_torch_path(topk, monkeypatch):
+def test_kernels_equal_their_cpu_twins(topk):
     """The CUDA path (sglang's kv-indices kernel and the plugin's mask kernel) hands the plan
-    exactly what the torch reference does (SGLANG_SWA_PLUGIN_FI_TORCH_MASK=1): random batches
+    exactly what the torch twins of the CPU scenario do (``check.flashinfer_swa_verify``
+    ``KvIndicesTwin`` and ``mask_twin``, which the CPU tests check rule by rule): random batches
     with prefixes below and past the window, padded CUDA-graph rows (seq_len 1, no mask bits
     of their own), sglang's tree mask and random mask bits."""
     _needs_gpu()
+    from sglang_swa_plugin.check import flashinfer_swa_verify as sc
     from sglang_swa_plugin.hooks import flashinfer_swa_verify as m
+    from sglang_swa_plugin.probe import optional_module, swapped
 
     assert m._mask_kernel is not None
+    eagle_info = optional_module(m.EAGLE_INFO)
     n = draft_shape(topk)[0]
     g = torch.Generator().manual_seed(100 + topk)
     rtt = torch.randint(0, 1 << 20, (16, 1024), generator=g, dtype=torch.int32).to(DEVICE)
@@ -280,14 +284,12 @@ def test_triton_path_equals_torch_path(topk, monkeypatch):
         start = seq_d - kept
         rows = torch.randperm(16, generator=g)[:bs].to(DEVICE)
         args = (spec, rows, kept, int(kept.sum()), rtt, start, WINDOW)
-        monkeypatch.delenv(m.TORCH_MASK_ENV, raising=False)
-        assert m.use_triton(rows)
         got = m._windowed_args(*args)
-        monkeypatch.setenv(m.TORCH_MASK_ENV, "1")
-        assert not m.use_triton(rows)
-        ref = m._windowed_args(*args)
+        with swapped(m, "windowed_verify_mask", sc.mask_twin), \
+                swapped(eagle_info, "create_flashinfer_kv_indices_triton", sc.KvIndicesTwin()):
+            ref = m._windowed_args(*args)
         for name, a, b in zip(("kv_indices", "kv_indptr", "qo_indptr", "mask"), got, ref):
             assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), (trial, name, seq)
         checked += 1
-    _report(f"triton_vs_torch_topk{topk}", {"batches": checked, "equal": True})
+    _report(f"kernels_vs_twins_topk{topk}", {"batches": checked, "equal": True})
     assert checked == 40

@@ -987,6 +987,9 @@ def scenario_gptoss_exact(out, _target, _draft):
         rows[f"{b}_small_on"] = (exact_base(target, 4096) + BACKEND_ARGS[b], ON)
         rows[f"{b}_small_off"] = (exact_base(target, 4096) + BACKEND_ARGS[b], OFF)
         rows[f"{b}_small_noradix_on"] = (exact_base(target, 4096) + BACKEND_ARGS[b] + ["--disable-radix-cache"], ON)
+        # is a small-pool error the SWA pool's? one pool; an SWA pool as large as the full one
+        rows[f"{b}_small_nohy_off"] = (exact_base(target, 4096) + BACKEND_ARGS[b] + ["--disable-hybrid-swa-memory"], OFF)
+        rows[f"{b}_small_r1_off"] = ([a if a != "0.25" else "1.0" for a in exact_base(target, 4096)] + BACKEND_ARGS[b], OFF)
         for topk in map(int, filter(None, os.environ.get("SPEC_TOPK", "").split(","))):  # EAGLE3, real draft
             sp = eagle3_real(draft, topk, 3, 4 if topk < 4 else 8)
             rows[f"{b}_k{topk}_on"] = (exact_base(target) + BACKEND_ARGS[b] + sp, ON)

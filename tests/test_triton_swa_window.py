@@ -71,6 +71,9 @@ def test_extend_prefix_rail_keeps_its_offsets_consistent():
         params = __import__("inspect").signature(mod.update_sliding_window_buffer).parameters
         if "translator" in params:  # 0.5.23's form takes other inputs
             pytest.skip("0.5.23's rail builder takes a translator and a plan")
+        if "index_table" in params:  # the rail gathers from the batch's index table, built as the backend does
+            bound["index_table"] = env.backend.kv_index_translator.build_index_table(
+                req_pool_indices=bound["req_pool_indices"], seq_lens=prefixes)
         _, indices, lens, start = mod.update_sliding_window_buffer(**{k: v for k, v in bound.items() if k in params})
     assert lens.tolist() == [WINDOW + 1, 5, WINDOW + 1]
     assert start.tolist() == [20 - WINDOW - 1, 0, 13 - WINDOW - 1]

@@ -327,7 +327,8 @@ def make_server_args(model_path, publish=True, **fields):
     """A real ``ServerArgs`` with ``fields`` set (unknown field names are ignored).
 
     Dataclass releases: built with ``object.__new__`` and the field defaults, because their
-    ``__post_init__`` fetches the model config and probes the GPU.  When ``publish``, it
+    ``__post_init__`` fetches the model config and probes the GPU (where ``resolve_once``
+    does that at publish instead, the record is marked resolved).  When ``publish``, it
     becomes the process-global server args (``set_global_server_args_for_scheduler``), as
     in a scheduler process.  Releases with a runtime context (msgspec ``ServerArgs``):
     published through ``get_context().override_server_args(...).install()``, like sglang's
@@ -346,6 +347,14 @@ def make_server_args(model_path, publish=True, **fields):
             else:
                 value = None
             object.__setattr__(args, f.name, fields.get(f.name, value))
+        if hasattr(cls, "resolve_once"):
+            # Where resolution moved from ``__post_init__`` to ``resolve_once()`` (run by
+            # ``publish``), the record is marked as past it, as ``__post_init__`` is
+            # skipped above: the fields set here are the values in effect (resolution
+            # probes the GPU and rewrites them, e.g. trtllm_mha's page size, or refuses
+            # trtllm_mha without an SM90+ GPU). Without a raw snapshot sglang's
+            # ``resolution_result`` reads the fields themselves.
+            object.__setattr__(args, "_resolution_finished", True)
         if publish:
             sa_mod.set_global_server_args_for_scheduler(args)
         return args

@@ -181,7 +181,7 @@ def windowed_verify_mask(tree_mask, prefix_kept, kv_start, draft_token_num: int,
     ``kept_sum`` the host sum of L. Row i (tree depth d_i) sees prefix column c iff
     ``c >= L + d_i - window`` and draft column j iff its tree bit is set and
     ``d_j >= d_i - window``. (A CUDA kernel: the CPU scenario of ``check`` runs its torch
-    twin, ``check.flashinfer_swa_verify.MaskTwin``, which the GPU tests compare it with.)"""
+    twin, ``check.flashinfer_swa_verify.mask_twin``, which the GPU tests compare it with.)"""
     import torch
 
     n = int(draft_token_num)

@@ -27,16 +27,12 @@ import functools
 import importlib.util
 
 from sglang_swa_plugin.fix import Detection, Fix, argument, around, hookimpl
+from sglang_swa_plugin.probe import is_attribute
 
 NAME = "gemma4_window"
 MODULE = "sglang.srt.models.gemma4_causal"
 CLASS = "Gemma4Attention"
 TARGET = f"{MODULE}.{CLASS}.__init__"
-
-
-def _is_self_attr(node, name: str) -> bool:
-    return (isinstance(node, ast.Attribute) and node.attr == name
-            and isinstance(node.value, ast.Name) and node.value.id == "self")
 
 
 def _config_window(node) -> bool:
@@ -64,9 +60,9 @@ def classify() -> Detection:
     if init is None:
         return Detection.not_applicable("this sglang has no Gemma4Attention")
     values = [n.value for n in ast.walk(init) if isinstance(n, ast.Assign)
-              and any(_is_self_attr(t, "sliding_window") for t in n.targets)]
-    passed = any(isinstance(n, ast.keyword) and n.arg == "sliding_window_size" and _is_self_attr(n.value, "sliding_window")
-                 for n in ast.walk(init))
+              and any(is_attribute(t, "sliding_window", "self") for t in n.targets)]
+    passed = any(isinstance(n, ast.keyword) and n.arg == "sliding_window_size"
+                 and is_attribute(n.value, "sliding_window", "self") for n in ast.walk(init))
     if len(values) != 1 or not passed:
         return Detection.unknown("Gemma4Attention no longer hands self.sliding_window to RadixAttention")
     value = values[0]

@@ -27,7 +27,8 @@ import functools
 import inspect
 
 from sglang_swa_plugin.fix import Detection, Fix, argument, around, hookimpl
-from sglang_swa_plugin.probe import function_text, function_tree, nodes, optional_module, own_function, swapped
+from sglang_swa_plugin.probe import (function_text, function_tree, is_attribute, nodes, optional_module, own_function,
+                                     swapped)
 
 NAME = "triton_one_pool_window"
 MODULE = "sglang.srt.layers.attention.triton_backend"
@@ -76,16 +77,8 @@ def _one_pool_window(original, self, *args, **kwargs):
         return original(self, *args, **kwargs)
 
 
-def _attr(node, name: str, owner: str) -> bool:
-    """``owner.name`` or ``<...>.owner.name``."""
-    value = getattr(node, "value", None)
-    return (isinstance(node, ast.Attribute) and node.attr == name
-            and ((isinstance(value, ast.Name) and value.id == owner)
-                 or (isinstance(value, ast.Attribute) and value.attr == owner)))
-
-
 def _reads(fn, name: str, owner: str) -> bool:
-    return fn is not None and any(_attr(n, name, owner) for n in nodes(function_tree(fn)[0]))
+    return fn is not None and any(is_attribute(n, name, owner) for n in nodes(function_tree(fn)[0]))
 
 
 def window_rule():
@@ -112,7 +105,7 @@ def _hybrid_assignments() -> list:
         fn = own_function(cfg, name) if cfg is not None else None
         if fn is not None:
             out += [n.value for n in nodes(function_tree(fn)[0]) if isinstance(n, ast.Assign)
-                    and any(_attr(t, "is_hybrid_swa", "self") for t in n.targets)]
+                    and any(is_attribute(t, "is_hybrid_swa", "self") for t in n.targets)]
     return out
 
 
@@ -120,8 +113,8 @@ def _gated_config_branches(rule) -> "tuple[list, list]":
     """``if`` statements of the rule whose body takes ``model_config.sliding_window_size``, and
     those of them whose test reads ``model_config.is_hybrid_swa``."""
     branches = [n for n in nodes(function_tree(rule)[0]) if isinstance(n, ast.If)
-                and any(_attr(x, "sliding_window_size", "model_config") for s in n.body for x in ast.walk(s))]
-    return branches, [b for b in branches if any(_attr(x, "is_hybrid_swa", "model_config") for x in ast.walk(b.test))]
+                and any(is_attribute(x, "sliding_window_size", "model_config") for s in n.body for x in ast.walk(s))]
+    return branches, [b for b in branches if any(is_attribute(x, "is_hybrid_swa", "model_config") for x in ast.walk(b.test))]
 
 
 def classify() -> Detection:
@@ -134,8 +127,7 @@ def classify() -> Detection:
     values = _hybrid_assignments()
     if not values:
         return Detection.unknown("ModelConfig sets is_hybrid_swa somewhere unrecognised")
-    if not any(any(isinstance(n, (ast.Attribute, ast.Name)) and "disable_hybrid_swa_memory" in (
-            getattr(n, "attr", None), getattr(n, "id", None)) for n in ast.walk(v)) for v in values):
+    if not any("disable_hybrid_swa_memory" in ast.unparse(v) for v in values):
         return Detection.not_needed("ModelConfig.is_hybrid_swa does not depend on disable_hybrid_swa_memory")
     rule = window_rule()
     if rule is None:

@@ -109,6 +109,16 @@ def callee(call: Any) -> Optional[str]:
     return getattr(f, "attr", None) or getattr(f, "id", None)
 
 
+def is_attribute(node: Any, name: str, owner: str) -> bool:
+    """``node`` is ``owner.name`` or ``<...>.owner.name``."""
+    import ast
+
+    value = getattr(node, "value", None)
+    return (isinstance(node, ast.Attribute) and node.attr == name
+            and ((isinstance(value, ast.Name) and value.id == owner)
+                 or (isinstance(value, ast.Attribute) and value.attr == owner)))
+
+
 def calls(node: Any, names: "frozenset") -> bool:
     """``node`` contains a call of one of ``names``."""
     import ast

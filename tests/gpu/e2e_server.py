@@ -911,13 +911,13 @@ def against_reference(tag: str, out: str, reqs: list, model_fn, rows: dict) -> d
                                          "illegal_memory_access")} for k, v in res.items()}}
 
 
-def exact_base(target: str, total: int = 16384, piecewise: bool = False) -> list:
+def exact_base(target: str, total: int = 16384, piecewise: bool = False, swa_ratio: float = 0.25) -> list:
     """sglang's defaults (CUDA graphs on, the backend's page size) for the exact scenarios;
     piecewise CUDA-graph prefill (sglang's default too) only where asked: it compiles for
     about two minutes per server."""
     return ["--skip-tokenizer-init", *([] if piecewise else ["--disable-piecewise-cuda-graph"]),
             "--mem-fraction-static", os.environ.get("MEM_FRACTION", "0.5"),
-            "--max-total-tokens", str(total), "--swa-full-tokens-ratio", "0.25", "--random-seed", "0",
+            "--max-total-tokens", str(total), "--swa-full-tokens-ratio", str(swa_ratio), "--random-seed", "0",
             "--model-path", target, "--cuda-graph-max-bs", "32"]
 
 
@@ -989,7 +989,7 @@ def scenario_gptoss_exact(out, _target, _draft):
         rows[f"{b}_small_noradix_on"] = (exact_base(target, 4096) + BACKEND_ARGS[b] + ["--disable-radix-cache"], ON)
         # is a small-pool error the SWA pool's? one pool; an SWA pool as large as the full one
         rows[f"{b}_small_nohy_off"] = (exact_base(target, 4096) + BACKEND_ARGS[b] + ["--disable-hybrid-swa-memory"], OFF)
-        rows[f"{b}_small_r1_off"] = ([a if a != "0.25" else "1.0" for a in exact_base(target, 4096)] + BACKEND_ARGS[b], OFF)
+        rows[f"{b}_small_r1_off"] = (exact_base(target, 4096, swa_ratio=1.0) + BACKEND_ARGS[b], OFF)
         for topk in map(int, filter(None, os.environ.get("SPEC_TOPK", "").split(","))):  # EAGLE3, real draft
             sp = eagle3_real(draft, topk, 3, 4 if topk < 4 else 8)
             rows[f"{b}_k{topk}_on"] = (exact_base(target) + BACKEND_ARGS[b] + sp, ON)
@@ -1621,21 +1621,22 @@ def scenario_one_pool_mle(out, _target, _draft):
     mle = ["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", target,
            "--speculative-draft-load-format", "dummy", "--speculative-eagle-topk", "1",
            "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
-    rows = {}
+    rows, against = {}, {}  # against: the row each row is compared with
     for b in os.environ.get("ONE_POOL_BACKENDS", "fa3,triton").split(","):
         base = BASE + ["--model-path", target, "--trust-remote-code", "--attention-backend", b,
                        "--cuda-graph-max-bs", "32", "--disable-hybrid-swa-memory"]
         p = "" if b == "fa3" else f"{b}_"
         rows.update({f"{p}ref": (base, ON), f"{p}ref_off": (base, OFF), f"{p}mle_on": (base + mle, ON),
                      f"{p}mle_off": (base + mle, OFF)})
+        against.update({f"{p}ref_off": f"{p}ref", f"{p}mle_on": f"{p}ref", f"{p}mle_off": f"{p}ref"})
+        if p:
+            against[f"{p}ref"] = "ref"  # another backend's one-pool decode against fa3's
     only = os.environ.get("ROWS")
     if only:
         rows = {k: v for k, v in rows.items() if k in only.split(",")}
     res = run_many({k: (f"onepool_{k}", out, args, env, reqs, 48) for k, (args, env) in rows.items()})
     for k, r in res.items():
-        prefix = k[:k.index("_") + 1] if k.split("_")[0] not in ("ref", "mle") else ""
-        # each row against its backend's ref; a backend's ref against fa3's ref
-        ref_key = (None if not prefix else "ref") if k == prefix + "ref" else prefix + "ref"
+        ref_key = against.get(k)
         ref = res.get(ref_key, {}) if ref_key else {}
         both = r.get("state") == "served" and ref.get("state") == "served"
         cmp = compare(r.get("outputs") or [], ref.get("outputs") or []) if both else None

@@ -100,6 +100,7 @@ BUILTIN_MODULES = (
     "sglang_swa_plugin.hooks.flashinfer_swa_prefill",
     "sglang_swa_plugin.hooks.one_pool_draft_extend",
     "sglang_swa_plugin.hooks.triton_one_pool_window",
+    "sglang_swa_plugin.hooks.swa_one_chunked_prefill",
 )
 
 

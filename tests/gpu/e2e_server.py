@@ -340,9 +340,10 @@ class Server:
         return [l.rstrip() for l in open(self.log, errors="replace") if needle in l]
 
 
-def generate(port: int, ids: list, max_new: int) -> dict:
+def generate(port: int, ids: list, max_new: int, rid: "str | None" = None) -> dict:
+    """One greedy request; ``rid`` names it in the server's log (the retract probe's lines)."""
     body = json.dumps({"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": max_new,
-                                                              "ignore_eos": True}}).encode()
+                                                              "ignore_eos": True}, **({"rid": rid} if rid else {})}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=body,
                                  headers={"Content-Type": "application/json"})
     try:
@@ -397,8 +398,8 @@ def run(name, out, args, env, reqs, max_new, concurrency=32, rounds=1, _retry=Tr
         res["round_tok_per_s"] = []
         for i in range(rounds + (1 if rounds > 1 else 0)):
             t = time.time()
-            with ThreadPoolExecutor(concurrency) as ex:
-                outs = list(ex.map(lambda ids: generate(srv.port, ids, max_new), reqs))
+            with ThreadPoolExecutor(concurrency) as ex:  # request j of round i is "q<j>r<i>" in the log
+                outs = list(ex.map(lambda j: generate(srv.port, reqs[j], max_new, rid=f"q{j}r{i}"), range(len(reqs))))
             res["wall_s"] = time.time() - t
             if rounds > 1 and i > 0:
                 toks = sum((o.get("meta_info", {}).get("completion_tokens") or 0) for o in outs)
@@ -411,6 +412,8 @@ def run(name, out, args, env, reqs, max_new, concurrency=32, rounds=1, _retry=Tr
         res["completion_tokens"] = toks
         res["accept_length"] = round(toks / verify, 4) if verify else None
         res["plugin_log"] = srv.log_lines("sglang-swa-plugin")
+        res["retractions"] = len(srv.log_lines("#retracted_reqs"))  # sglang's own line per retracting step
+        res["probe"] = [l.split("RETRACT_PROBE ", 1)[1] for l in srv.log_lines("RETRACT_PROBE ")]
         res["cuda_graph"] = "--disable-cuda-graph" not in args
         res["crash"] = srv.proc.poll() is not None or bool(srv.log_lines("illegal memory access"))
         res["assertions"] = server_errors(srv.log)[:4]
@@ -904,11 +907,36 @@ def against_reference(tag: str, out: str, reqs: list, model_fn, rows: dict) -> d
     for k, v in table.items():
         cells = (" | ".join(f"{c['identical']}/{c['of']} {c['bands']}" for c in v["per_seed"])
                  if v["state"] == "served" else f"{v['state']}: {v['error']}")
-        print(f"{tag.upper()} {k}: {cells} | accept {v.get('accept_length')}", flush=True)
+        print(f"{tag.upper()} {k}: {cells} | accept {v.get('accept_length')} | retracting steps "
+              f"{res[k].get('retractions')}", flush=True)
+        if res[k].get("probe"):
+            v["probe"] = retraction_report(res[k], ref)
+            print(f"{tag.upper()} {k} probe: {json.dumps(v['probe'])}", flush=True)
     return {"reference_min_margin": round(min(ref_box["margins"]), 3),
             "reference_distinct": len({tuple(o) for o in ref}), "table": table,
             **{k: {x: v.get(x) for x in ("state", "error", "accept_length", "startup_s", "assertions", "fix_log",
                                          "illegal_memory_access")} for k, v in res.items()}}
+
+
+def retraction_report(row: dict, ref: list) -> dict:
+    """For a row served with tests/gpu/retract_probe on its path: every request that differs from
+    the reference (index of ``reqs``, first differing token) with the output lengths at which it
+    was retracted and the prefix its recomputations matched; how many requests were retracted;
+    the probe's violation lines (RETRACT_PROBE_CHECK=1)."""
+    events = {}
+    for line in row["probe"]:
+        kind, *fields = line.split()
+        f = dict(x.split("=", 1) for x in fields if "=" in x)
+        if kind in ("retract", "reprefill") and f.get("rid", "").startswith("q"):
+            j = int(f["rid"][1:].split("r")[0])
+            events.setdefault(j, []).append(f"{kind}@{f['out']}" + (f"/p{f['prefix']}" if kind == "reprefill" else ""))
+    wrong = {}
+    for j, (o, r) in enumerate(zip(row["outputs"], ref)):
+        if o != r:
+            first = next((t for t, (a, b) in enumerate(zip(o, r)) if a != b), min(len(o), len(r)))
+            wrong[j] = {"first_diff": first, "events": events.get(j, [])}
+    return {"wrong": wrong, "retracted_requests": len(events),
+            "violations": [l for l in row["probe"] if l.startswith(("violation", "probe_error"))][:12]}
 
 
 def exact_base(target: str, total: int = 16384, piecewise: bool = False, swa_ratio: float = 0.25) -> list:
@@ -990,6 +1018,19 @@ def scenario_gptoss_exact(out, _target, _draft):
         # is a small-pool error the SWA pool's? one pool; an SWA pool as large as the full one
         rows[f"{b}_small_nohy_off"] = (exact_base(target, 4096) + BACKEND_ARGS[b] + ["--disable-hybrid-swa-memory"], OFF)
         rows[f"{b}_small_r1_off"] = (exact_base(target, 4096, swa_ratio=1.0) + BACKEND_ARGS[b], OFF)
+        # which part of sglang the small-pool error comes with (issue #28): the retract probe
+        # (tests/gpu/retract_probe) names the retracted requests, "check" also checks every
+        # batch's window slots; the overlap scheduler off; SWA eviction every step; one pool of
+        # half the tokens (meant to retract as often as the small SWA pool; it retracted twice)
+        probe = {"PYTHONPATH": os.pathsep.join(filter(None, [RETRACT_PROBE, os.environ.get("PYTHONPATH")]))}
+        small = exact_base(target, 4096) + BACKEND_ARGS[b]
+        rows[f"{b}_small_probe_on"] = (small, {**ON, **probe})
+        rows[f"{b}_small_probe_off"] = (small, {**OFF, **probe})
+        rows[f"{b}_small_check_on"] = (small, {**ON, **probe, "RETRACT_PROBE_CHECK": "1"})
+        rows[f"{b}_small_noovl_on"] = (small + ["--disable-overlap-schedule"], {**ON, **probe})
+        rows[f"{b}_small_ev1_on"] = (small, {**ON, **probe, "SGLANG_SWA_EVICTION_INTERVAL": "1"})
+        rows[f"{b}_small_nohy2k_off"] = (exact_base(target, 2048) + BACKEND_ARGS[b] + ["--disable-hybrid-swa-memory"],
+                                         {**OFF, **probe})
         for topk in map(int, filter(None, os.environ.get("SPEC_TOPK", "").split(","))):  # EAGLE3, real draft
             sp = eagle3_real(draft, topk, 3, 4 if topk < 4 else 8)
             rows[f"{b}_k{topk}_on"] = (exact_base(target) + BACKEND_ARGS[b] + sp, ON)
@@ -1041,6 +1082,7 @@ def scenario_gemma4_exact(out, _target, _draft):
     return {"seeds": seeds, **against_reference("gemma4_exact", out, reqs, gt.hf_model, rows)}
 
 
+RETRACT_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "retract_probe")
 TRITON_WINDOW_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "triton_window_probe")
 
 

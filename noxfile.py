@@ -57,6 +57,8 @@ BASE = [
     # what `import flashinfer` needs on a CPU.
     "apache-tvm-ffi", "nvidia-ml-py", "tabulate", "click",
     "pytest", "pytest-xdist", "pluggy",
+    # the selftest's targets solve their score profiles with scipy (a dependency of sglang's own)
+    "scipy",
 ]
 # Pins taken from the installed sglang's own metadata (0.5.16-0.5.20 import xgrammar at
 # module level).

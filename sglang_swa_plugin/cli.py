@@ -1,4 +1,4 @@
-"""Command line: doctor and check."""
+"""Command line: doctor, check and selftest."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ from typing import List, Optional
 from . import __version__
 from .check import check_report  # noqa: F401 - also used from Python
 from .doctor import doctor_report  # noqa: F401
+from .selftest import command as selftest  # its options; what it runs is imported when it runs
 
 DESCRIPTION = (
     "sglang-swa-plugin: fixes for hybrid sliding-window-attention models with speculative "
     "decoding on sglang. 'doctor' tells what the plugin will do in this environment; 'check' "
-    "runs each fix's CPU reproduction on the installed sglang without and with the plugin."
+    "runs each fix's CPU reproduction on the installed sglang without and with the plugin; "
+    "'selftest' serves tiny models on this machine's GPU and checks every row's tokens against "
+    "the model's."
 )
 JSON_HELP = "print the report as JSON (for scripts); the exit status is the same"
 
@@ -22,7 +25,7 @@ JSON_HELP = "print the report as JSON (for scripts); the exit status is the same
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="sglang-swa-plugin", description=DESCRIPTION)
     ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{doctor,check}")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{doctor,check,selftest}")
     d = sub.add_parser("doctor", help="sglang, loading, settings and per-fix status; exit 1 on any problem",
                        description="Show sglang, how the plugin loads, the settings and each fix's status. "
                                    "Exit status 1 when the plugin will not load, a setting is bad, or a "
@@ -33,6 +36,11 @@ def _parser() -> argparse.ArgumentParser:
                                    "classes without and with the plugin. Exit status 1 when a fix does "
                                    "not correct its scenario.")
     c.add_argument("--json", action="store_true", help=JSON_HELP)
+    s = sub.add_parser("selftest", help="the GPU matrix: tiny models served per backend and mode, tokens "
+                                        "against the model's; exit 1 on any wrong plugin row",
+                       description=selftest.DESCRIPTION)
+    selftest.add_arguments(s)
+    s.add_argument("--json", action="store_true", help=JSON_HELP)
     return ap
 
 
@@ -43,6 +51,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     from . import _autoload
 
     _autoload.disarm()
+    if args.cmd == "selftest":
+        return selftest.main(args)
     from .check import print_check
     from .doctor import print_doctor
 

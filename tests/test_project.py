@@ -32,8 +32,8 @@ def test_version_and_help_are_plain(tmp_path):
     proc = run_cli("--version", tmp_path=tmp_path)
     assert proc.returncode == 0 and proc.stdout.strip() == f"sglang-swa-plugin {sglang_swa_plugin.__version__}"
     top = run_cli("--help", tmp_path=tmp_path).stdout
-    assert "``" not in top and "doctor" in top and "check" in top and "--version" in top, top
-    for cmd in ("doctor", "check"):
+    assert "``" not in top and "doctor" in top and "check" in top and "selftest" in top and "--version" in top, top
+    for cmd in ("doctor", "check", "selftest"):
         text = run_cli(cmd, "--help", tmp_path=tmp_path).stdout
         assert re.search(r"--json\s+print the report as JSON", text), text
 

@@ -1,7 +1,8 @@
 """What a server process loads is the runtime only: after sglang's own plugin loading, no
 module of the check side (``sglang_swa_plugin.check``, the CPU testbed, the per-fix CPU
-scenarios) is imported, no loaded module of ours carries scenario code, and every fix still
-gets the status its detection gives."""
+scenarios, the GPU selftest ``sglang_swa_plugin.selftest`` and its targets, the command line)
+is imported, no loaded module of ours carries scenario code, and every fix still gets the
+status its detection gives."""
 
 from __future__ import annotations
 
@@ -28,6 +29,12 @@ print("RESULT=" + json.dumps({
 """
 
 STATUS = {Verdict.NEEDED: "applied", Verdict.NOT_NEEDED: "not needed", Verdict.NOT_APPLICABLE: "not applicable"}
+# The packages and modules of the check side: commands and what only they run.
+CHECK_SIDE = ("sglang_swa_plugin.check", "sglang_swa_plugin.selftest", "sglang_swa_plugin.cli")
+
+
+def check_side(modules) -> list:
+    return [m for m in modules if any(m == p or m.startswith(p + ".") for p in CHECK_SIDE) or "testbed" in m]
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +44,26 @@ def loaded():
 
 @needs_framework
 def test_load_plugins_imports_no_check_module(loaded):
-    check_side = [m for m in loaded["modules"]
-                  if m == "sglang_swa_plugin.check" or m.startswith("sglang_swa_plugin.check.") or "testbed" in m]
     assert loaded["modules"], "the plugin was not loaded"
-    assert not check_side, check_side
+    assert not check_side(loaded["modules"]), check_side(loaded["modules"])
+
+
+def test_the_check_side_is_recognised():
+    """The filter above sees every check-side package as the command line imports it (the
+    selftest's modules included), and none of the runtime's."""
+    import sys
+
+    import sglang_swa_plugin.cli  # noqa: F401 - imports the check side's commands
+    import sglang_swa_plugin.selftest.command  # noqa: F401
+    import sglang_swa_plugin.selftest.targets.gptoss  # noqa: F401
+
+    ours = [n for n in sys.modules if n.split(".")[0] == "sglang_swa_plugin"]
+    seen = check_side(ours)
+    for name in ("sglang_swa_plugin.check", "sglang_swa_plugin.selftest", "sglang_swa_plugin.selftest.command",
+                 "sglang_swa_plugin.selftest.server", "sglang_swa_plugin.selftest.targets.gptoss", "sglang_swa_plugin.cli"):
+        assert name in seen, name
+    assert not check_side(["sglang_swa_plugin", "sglang_swa_plugin.core", "sglang_swa_plugin.startup",
+                           "sglang_swa_plugin.hooks.trtllm_swa_pool", "sglang_swa_plugin.checks_of_nothing"])
 
 
 @needs_framework

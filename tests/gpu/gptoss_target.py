@@ -1,97 +1,15 @@
-"""A tiny GPT-OSS (sliding/full/sliding/full, window 16, attention sinks, 4 experts) whose greedy
-output is decided by its sliding-window layer with bf16-safe margins, and its float32 reference
-from transformers' own GptOssForCausalLM (its sliding-window mask and sinks).
+"""Moved to ``sglang_swa_plugin.selftest.targets.gptoss`` (the GPT-OSS window target, which
+``sglang-swa-plugin selftest`` builds). This name stays for the GPU harness, which runs with
+tests/gpu on sys.path: ``import gptoss_target`` is that very module, and
+``python tests/gpu/gptoss_target.py`` runs its checks as before."""
 
-    python tests/gpu/gptoss_target.py [--seeds 1,2,3]   # checks of the target (CPU)
+import sys
 
-With an EAGLE3 draft with real weights (readout.eagle3_draft). The readout design of
-tests/gpu/readout.py: layer 0 (sliding) attends the OLDEST key its window
-lets it see (a score that rises by 12 per position back), so the window's exact size decides a
-quarter of the next tokens: a window of 15 or 17 instead of 16 changes most requests, and a
-backend that keeps one key more or less than the model defines gives other tokens. Layer 1
-(full) attends the previous token; layers 2 and 3 add nothing; every expert's down projection
-and every bias is zero; the sinks are -1000 (no weight next to scores of this size).
-transformers' GPT-OSS keeps the keys at distance 0 .. window - 1 (window keys).
-"""
+from sglang_swa_plugin.selftest.targets import gptoss as _moved
 
-from __future__ import annotations
+if __name__ == "__main__":  # the harness's settings come from its environment
+    import os
 
-import os
-
-import readout
-from readout import H, HD, THETA, V, greedy, prompts  # noqa: F401 (greedy, prompts: the scenario's)
-
-NH, NKV, FF, L, E = 4, 2, 256, 4, 4
-WINDOW = 16
-SINK = -1000.0
-
-
-def config(window: int = WINDOW):
-    from transformers import GptOssConfig
-
-    cfg = GptOssConfig(
-        vocab_size=V, hidden_size=H, intermediate_size=FF, num_hidden_layers=L, num_attention_heads=NH,
-        num_key_value_heads=NKV, head_dim=HD, num_local_experts=E, num_experts_per_tok=2, sliding_window=window,
-        max_position_embeddings=4096, layer_types=["sliding_attention", "full_attention"] * 2,
-        tie_word_embeddings=False, swiglu_limit=7.0, hidden_act="silu", initializer_range=0.1,
-        rope_parameters={"rope_type": "default", "rope_theta": THETA},
-    )
-    cfg.architectures = ["GptOssForCausalLM"]
-    cfg.torch_dtype = "bfloat16"
-    return cfg
-
-
-def weights(seed: int = 27, draft: bool = False) -> dict:
-    """Float32 state dict of transformers' GptOssForCausalLM (the served weights before bf16);
-    ``draft``: also its EAGLE3 draft's weights (readout.eagle3_draft), as (target, draft)."""
-    import torch
-    from transformers import GptOssForCausalLM
-
-    torch.manual_seed(seed)
-    sd = {k: v.float().clone() for k, v in GptOssForCausalLM(config()).state_dict().items()}
-    g = torch.Generator().manual_seed(seed)
-    voc = readout.vocab(g)
-    sd.update({"model.embed_tokens.weight": voc["emb"], "lm_head.weight": voc["head"], "model.norm.weight": torch.ones(H)})
-    for i in range(L):
-        p = f"model.layers.{i}."
-        w = (readout.deciding_layer(i, "ramp" if i == 0 else "peak", 0 if i == 0 else 1, NH, NKV, neox=True)
-             if i < 2 else {n: torch.zeros_like(sd[p + f"self_attn.{n}_proj.weight"]) for n in "qkvo"})
-        for n in "qkvo":
-            sd[p + f"self_attn.{n}_proj.weight"] = w[n]
-            sd[p + f"self_attn.{n}_proj.bias"].zero_()
-        sd[p + "self_attn.sinks"].fill_(SINK)
-        sd[p + "mlp.experts.down_proj"].zero_()
-        sd[p + "mlp.experts.down_proj_bias"].zero_()
-        sd[p + "input_layernorm.weight"].fill_(1)
-        sd[p + "post_attention_layernorm.weight"].fill_(1)
-    return (sd, readout.eagle3_draft(voc, g, FF, NH, NKV)) if draft else sd
-
-
-def save(root: str, seed: int = 27) -> tuple:
-    """Writes (target dir, EAGLE3 draft dir), bf16 as served."""
-    import torch
-    from transformers import GptOssForCausalLM
-
-    target = os.path.join(root, "gptoss_target")
-    sd, draft = weights(seed, draft=True)
-    model = GptOssForCausalLM(config())
-    model.load_state_dict(sd)
-    model.to(torch.bfloat16).save_pretrained(target, safe_serialization=True)
-    return target, readout.save_draft(root, draft, FF, NH, NKV)
-
-
-def hf_model(window: int = WINDOW, dtype=None, seed: int = 27):
-    """transformers' GptOssForCausalLM with the served (bf16-rounded) weights, float32 by
-    default, eager attention (its sliding-window mask and sinks)."""
-    import torch
-    from transformers import GptOssForCausalLM
-
-    cfg = config(window)
-    cfg._attn_implementation = "eager"
-    model = GptOssForCausalLM(cfg).eval()
-    model.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in weights(seed).items()})
-    return model.to(dtype or torch.float32)
-
-
-if __name__ == "__main__":
-    readout.main(hf_model, WINDOW, "window")
+    _moved.main(seeds=os.environ.get("PROMPT_SEEDS", "1,2,3"), threads=int(os.environ.get("CHECK_THREADS", "6")))
+else:
+    sys.modules[__name__] = _moved

@@ -1,130 +1,15 @@
-"""A tiny Llama 4 whose greedy output is decided by its chunked layers with bf16-safe margins,
-its float32 reference from transformers' own Llama 4 (its chunked attention mask), and an
-EAGLE3 draft with real weights that the target accepts.
+"""Moved to ``sglang_swa_plugin.selftest.targets.llama4`` (the Llama 4 chunk target, which
+``sglang-swa-plugin selftest`` builds). This name stays for the GPU harness, which runs with
+tests/gpu on sys.path: ``import llama4_target`` is that very module, and
+``python tests/gpu/llama4_target.py`` runs its checks as before."""
 
-    python tests/gpu/llama4_target.py [--seeds 1,2,3]   # checks of the target (CPU)
+import sys
 
-Target (``Llama4ForConditionalGeneration``, text only; layers 0-2 chunked with RoPE, layer 3
-global NoPE, as sglang's Llama 4 fixes it). Every token belongs to one of 64 classes; its
-embedding is the class's Hadamard code (+-1) on coordinates 0-63 and 1 on 64-71. q and k read
-only coordinate 64 (constant after the input norm, whose scale is known at each layer), so every
-score is a fixed function of the distance delta = query position - key position, set by RoPE:
-- layer 0 ("A"): the score RISES with delta by at least ``STEP`` per position over 0..40, so it
-  attends the oldest key it may see: the first token of its chunk. Its output writes that
-  token's code on coordinates 128-191.
-- layer 1 ("B"): the score peaks at delta 1 (``PEAK`` above any other key up to 300 back):
-  it attends the previous token (itself at a chunk's first position) and writes its code on
-  192-255.
-- layers 2 and 3 add nothing; every MLP's down projection is zero.
-The next token is 1000 + k for the class k with the larger vote s_k * w (w = 0.8 for A's class
-X, 1.0 for B's class Y; s_k in {0.675, 1}): X wins when s_X = 1 and s_Y = 0.675, Y otherwise
-(equal classes add up). The logit margin between the two is at least 12 % of the winning
-logit, and every attention is one-hot with a score gap of at least ``STEP``: bf16 cannot flip
-a choice (``check`` prints the smallest margins). The chunk start decides a quarter of the
-choices, so a chunk size changed by one changes most requests (printed by ``check``). Token
-1000 + k has class PERM[k], so generated text walks a permutation instead of collapsing.
+from sglang_swa_plugin.selftest.targets import llama4 as _moved
 
-Draft (``LlamaForCausalLMEagle3``, one layer, Llama's neox RoPE): ``fc`` copies A's vote from
-the target's captured hidden state after layer 0 at half weight; its attention (over its own
-cache, which holds the next token's embedding at each position) has one KV group attending
-the most recent key other than itself (delta 1, else 2: sglang's draft extend puts token
-t_{j+1} at position j, its multi-step draft decode puts t_k at position k, so the first decode
-step finds its predecessor 2 back) for B's class, and one attending delta 0 that reads the
-carried hidden state and cancels the previous step's B vote, so each draft step votes B
-(weight 1) and the last known chunk start (weight 0.5): its first choice is the target's
-whenever B wins, its second whenever A wins (until a chunk boundary is crossed).
-"""
+if __name__ == "__main__":  # the harness's settings come from its environment
+    import os
 
-from __future__ import annotations
-
-import json
-import os
-
-import readout
-from readout import H, HD, THETA, V, greedy, prompts  # noqa: F401 (greedy, prompts: the scenario's)
-
-NH, NKV, FF, L = 4, 2, 512, 4
-CHUNK = 32
-B_DELTA = 1
-
-
-def weights(seed: int = 26) -> dict:
-    """Float32 tensors: target state dict (HF Llama4ForCausalLM names), draft weights
-    (sglang EAGLE3 names), classes, class scales, permutation."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    voc = readout.vocab(g)
-    sd = {"model.embed_tokens.weight": voc["emb"], "lm_head.weight": voc["head"], "model.norm.weight": torch.ones(H)}
-    for i in range(L):
-        p = f"model.layers.{i}."
-        if i < 2:
-            w = readout.deciding_layer(i, "ramp" if i == 0 else "peak", 0 if i == 0 else B_DELTA, NH, NKV, neox=False)
-        else:
-            w = {"q": torch.zeros(NH * HD, H), "k": torch.zeros(NKV * HD, H), "v": torch.zeros(NKV * HD, H),
-                 "o": torch.zeros(H, NH * HD)}
-        sd.update({p + f"self_attn.{n}_proj.weight": w[n] for n in "qkvo"})
-        sd.update({p + "input_layernorm.weight": torch.ones(H), p + "post_attention_layernorm.weight": torch.ones(H),
-                   p + "feed_forward.gate_proj.weight": torch.randn(FF, H, generator=g) * 0.1,
-                   p + "feed_forward.up_proj.weight": torch.randn(FF, H, generator=g) * 0.1,
-                   p + "feed_forward.down_proj.weight": torch.zeros(H, FF)})
-    draft = readout.eagle3_draft(voc, g, FF, NH, NKV)
-    return {"target": sd, "draft": draft, **voc}
-
-
-def text_config(chunk: int = CHUNK) -> dict:
-    return dict(
-        model_type="llama4_text", vocab_size=V, hidden_size=H, intermediate_size=FF, intermediate_size_mlp=FF,
-        num_hidden_layers=L, num_attention_heads=NH, num_key_value_heads=NKV, head_dim=HD,
-        max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=THETA,
-        rope_parameters={"rope_theta": THETA, "rope_type": "default"}, rope_scaling=None,
-        attention_chunk_size=chunk, no_rope_layers=[int((i + 1) % 4 != 0) for i in range(L)],
-        no_rope_layer_interval=4, interleave_moe_layer_step=0, moe_layers=[], num_local_experts=0,
-        num_experts_per_tok=1, use_qk_norm=False, attn_temperature_tuning=False, floor_scale=8192,
-        attn_scale=0.1, attention_bias=False, hidden_act="silu", tie_word_embeddings=False,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0, torch_dtype="bfloat16")
-
-
-def save(root: str, chunk: int = CHUNK, seed: int = 26) -> tuple:
-    """Writes (target dir, draft dir): the target as ``Llama4ForConditionalGeneration`` (text
-    weights under ``language_model.``, no vision weights; multimodal stays off), the draft as
-    ``LlamaForCausalLMEagle3``; bf16 as served."""
-    import torch
-    from safetensors.torch import save_file
-
-    w = weights(seed)
-    target = os.path.join(root, f"llama4_target_c{chunk}")
-    os.makedirs(target, exist_ok=True)
-    vision = dict(model_type="llama4_vision_model", hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
-                  intermediate_size=128, image_size=336, patch_size=14, num_channels=3, vision_output_dim=64,
-                  projector_input_dim=64, projector_output_dim=64, pixel_shuffle_ratio=0.5, rope_theta=10000)
-    cfg = dict(architectures=["Llama4ForConditionalGeneration"], model_type="llama4", text_config=text_config(chunk),
-               vision_config=vision, image_token_index=V - 1, boi_token_index=V - 2, eoi_token_index=V - 3,
-               tie_word_embeddings=False, torch_dtype="bfloat16")
-    with open(os.path.join(target, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=1)
-    with open(os.path.join(target, "generation_config.json"), "w") as f:
-        json.dump({}, f)
-    bf = lambda t: t.to(torch.bfloat16).contiguous()
-    save_file({"language_model." + k: bf(v) for k, v in w["target"].items()}, os.path.join(target, "model.safetensors"))
-    draft = readout.save_draft(root, w["draft"], FF, NH, NKV)
-    return target, draft
-
-
-def hf_model(chunk: int = CHUNK, dtype=None, seed: int = 26):
-    """transformers' own Llama4ForCausalLM with the served (bf16-rounded) weights, in ``dtype``
-    (float32 by default), eager attention (its chunked causal mask)."""
-    import torch
-    from transformers import Llama4ForCausalLM, Llama4TextConfig
-
-    cfg = Llama4TextConfig(**{k: v for k, v in text_config(chunk).items() if k not in ("model_type", "torch_dtype")})
-    cfg._attn_implementation = "eager"
-    model = Llama4ForCausalLM(cfg).eval()
-    sd = {k: v.to(torch.bfloat16).float() for k, v in weights(seed)["target"].items()}
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
-    return model.to(dtype or torch.float32)
-
-
-if __name__ == "__main__":
-    readout.main(hf_model, CHUNK, "chunk")
+    _moved.main(seeds=os.environ.get("PROMPT_SEEDS", "1,2,3"), threads=int(os.environ.get("CHECK_THREADS", "6")))
+else:
+    sys.modules[__name__] = _moved

@@ -1,0 +1,190 @@
+"""Which rows the selftest runs, and each row's server arguments: per target, every attention
+backend the installed sglang has and the GPU can run, in plain decode and (targets with an
+EAGLE3 draft) EAGLE3 topk 1 and 2, with the plugin and, where asked, stock; CUDA graphs on
+(sglang's default) and, where asked, off.
+
+What is decided before a server starts is only what needs no model: the backend is one of
+sglang's ``--attention-backend`` choices, the GPU is new enough for it, the flags exist in this
+sglang (read from its own argument parser, never from its version string). What sglang
+accepts for a model and backend is left to sglang: such a row runs, and a refusal from its
+argument handling is reported as that (``server.refusal``)."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Iterable, NamedTuple, Optional
+
+BACKENDS = ("fa3", "flashinfer", "triton", "trtllm_mha")
+# EAGLE3 with the target's real-weight draft: topk, steps, draft tokens (as the GPU results)
+MODES = {"plain": None, "k1": (1, 3, 4), "k2": (2, 3, 4)}
+HOPPER, BLACKWELL = (9, 0), (10, 0)
+
+# Flags that were renamed between releases: the first alternative whose flags this sglang's
+# parser has (the older names first: the GPU results were measured with them).
+NO_PREFILL_GRAPHS = (["--disable-piecewise-cuda-graph"], ["--disable-prefill-cuda-graph"])
+GRAPH_MAX_BS = (["--cuda-graph-max-bs", "32"], ["--cuda-graph-max-bs-decode", "32"])
+EAGER = (["--disable-cuda-graph"], ["--disable-decode-cuda-graph", "--disable-prefill-cuda-graph"])
+
+
+class SglangOptions(NamedTuple):
+    """What the installed sglang's command line accepts: its option strings and its
+    ``--attention-backend`` choices."""
+
+    flags: frozenset
+    backends: tuple
+
+
+def sglang_options() -> SglangOptions:
+    """Read from sglang's own parser (``ServerArgs.add_cli_args``), as ``launch_server``
+    builds it."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    actions = parser._option_string_actions  # noqa: SLF001 - the parser's own table of options
+    choices = actions["--attention-backend"].choices if "--attention-backend" in actions else ()
+    return SglangOptions(frozenset(actions), tuple(choices or ()))
+
+
+def pick(flags: Iterable[str], alternatives) -> Optional[list]:
+    """The first alternative whose options all exist in ``flags``; None: none does."""
+    have = set(flags)
+    for alt in alternatives:
+        if all(a in have for a in alt if a.startswith("--")):
+            return list(alt)
+    return None
+
+
+class Gpu(NamedTuple):
+    name: str
+    capability: tuple  # (major, minor)
+
+
+GPU_PROBE = ("import json, torch\n"
+             "ok = torch.cuda.is_available()\n"
+             "print(json.dumps(ok and [torch.cuda.get_device_name(0), list(torch.cuda.get_device_capability(0))]))")
+
+
+def detect_gpu() -> Optional[Gpu]:
+    """The first CUDA device sglang's servers will see (CUDA_VISIBLE_DEVICES applies): asked in
+    a child process, so that this one holds no CUDA context while the servers size their pools."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", GPU_PROBE], capture_output=True, text=True, timeout=180)
+        found = json.loads(proc.stdout.strip().splitlines()[-1])
+    except Exception:  # noqa: BLE001 - no torch, no driver, no output: no GPU
+        return None
+    return Gpu(found[0], tuple(found[1])) if found else None
+
+
+def backend_args(backend: str, capability: tuple, options: SglangOptions):
+    """(server arguments, None) for ``backend`` on a GPU of ``capability``, or (None, why not).
+    fa3 runs on Hopper; trtllm_mha on sm90 and newer: on Hopper its decode (XQA) with fa3's
+    prefill, as sglang releases before 0.5.19 refuse its prefill there; flashinfer and triton
+    everywhere."""
+    if backend not in options.backends:
+        return None, f"this sglang has no {backend} attention backend"
+    if backend == "fa3" and capability[0] != HOPPER[0]:
+        return None, f"fa3 runs on Hopper (sm90); this GPU is sm{capability[0]}{capability[1]}"
+    if backend == "trtllm_mha":
+        if capability < HOPPER:
+            return None, f"trtllm_mha needs sm90 or newer; this GPU is sm{capability[0]}{capability[1]}"
+        if capability[0] == HOPPER[0]:
+            args = ["--decode-attention-backend", "trtllm_mha", "--prefill-attention-backend", "fa3"]
+            missing = [a for a in args if a.startswith("--") and a not in options.flags]
+            return (None, f"this sglang has no {missing[0]}") if missing else (args, None)
+    return ["--attention-backend", backend], None
+
+
+def eagle3(draft: str, topk: int, steps: int, draft_tokens: int) -> list:
+    """Server arguments for an EAGLE3 draft with real weights (its checkpoint)."""
+    return ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
+            "--speculative-eagle-topk", str(topk), "--speculative-num-steps", str(steps),
+            "--speculative-num-draft-tokens", str(draft_tokens)]
+
+
+def exact_base(target: str, total: int = 16384, piecewise: bool = False, swa_ratio: float = 0.25,
+               mem_fraction: float = 0.5, flags: Optional[Iterable[str]] = None) -> list:
+    """sglang's defaults (CUDA graphs on, the backend's page size) for rows judged against the
+    model's output; piecewise (prefill) CUDA graphs only where asked: they compile for about
+    two minutes per server and are not what these rows test. ``flags``: the installed sglang's
+    options (``sglang_options().flags``), which pick the renamed flags; None: the names of
+    sglang 0.5.10-0.5.22."""
+    no_prefill_graphs = NO_PREFILL_GRAPHS[0] if flags is None else (pick(flags, NO_PREFILL_GRAPHS) or [])
+    graph_max_bs = GRAPH_MAX_BS[0] if flags is None else (pick(flags, GRAPH_MAX_BS) or [])
+    return ["--skip-tokenizer-init", *([] if piecewise else no_prefill_graphs),
+            "--mem-fraction-static", str(mem_fraction),
+            "--max-total-tokens", str(total), "--swa-full-tokens-ratio", str(swa_ratio), "--random-seed", "0",
+            "--model-path", target, *graph_max_bs]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One server of the matrix: a target, an attention backend, a mode (``plain``, ``k1``,
+    ``k2``), with the plugin or stock, CUDA graphs on or off."""
+
+    target: str
+    backend: str
+    mode: str
+    plugin: bool
+    graphs: bool = True
+
+    @property
+    def key(self) -> str:
+        """``target/backend/mode[/eager]/plugin|stock``: what ``--rows`` patterns match."""
+        return "/".join([self.target, self.backend, self.mode, *([] if self.graphs else ["eager"]),
+                         "plugin" if self.plugin else "stock"])
+
+
+class Planned(NamedTuple):
+    row: Row
+    args: Optional[list]  # None: not run
+    why_not: Optional[str]
+
+
+def plan(targets: dict, backends: Iterable[str], capability: Optional[tuple], options: SglangOptions,
+         stock: bool = False, graphs_off: bool = False, patterns: Iterable[str] = (),
+         mem_fraction: float = 0.85) -> list:
+    """The rows, in order, each with its server arguments or why it is not run. ``targets``:
+    ``{name: (target dir, draft dir or None) or a reason the target is not available}`` (an
+    unavailable target has no rows: the target checks say why); ``capability``: the GPU's
+    (None: no GPU); ``patterns``: ``--rows`` (fnmatch on Row.key, empty: every row)."""
+    patterns = list(patterns)
+    out = []
+    for name, paths in targets.items():
+        if isinstance(paths, str):
+            continue
+        target, draft = paths
+        for backend in backends:
+            for mode, spec in MODES.items():
+                for graphs in (True, False) if graphs_off else (True,):
+                    for plugin in (True, False) if stock else (True,):
+                        row = Row(name, backend, mode, plugin, graphs)
+                        if patterns and not any(fnmatch.fnmatchcase(row.key, p) for p in patterns):
+                            continue
+                        if spec is not None and draft is None:
+                            continue  # no draft: no speculative rows (said once per target)
+                        out.append(_planned(row, target, draft, spec, capability, options, mem_fraction))
+    return out
+
+
+def _planned(row: Row, target: str, draft: Optional[str], spec, capability, options, mem_fraction) -> Planned:
+    if capability is None:
+        return Planned(row, None, "no CUDA GPU")
+    args, why_not = backend_args(row.backend, capability, options)
+    if args is None:
+        return Planned(row, None, why_not)
+    args = exact_base(target, mem_fraction=mem_fraction, flags=options.flags) + args
+    if spec is not None:
+        args += eagle3(draft, *spec)
+    if not row.graphs:
+        eager = pick(options.flags, EAGER)
+        if eager is None:
+            return Planned(row, None, "this sglang has no flag that turns CUDA graphs off")
+        args += eager
+    return Planned(row, args, None)

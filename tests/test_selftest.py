@@ -1,0 +1,361 @@
+"""``sglang-swa-plugin selftest`` on a CPU: what it does before and after the GPU.
+
+- the targets: the float32 tokens the GPU harness computed (pinned, from the code before it
+  moved into the package), bf16 equal to float32, a window or chunk changed by one changes the
+  tokens, a window-blind target fails the check; the checkpoints the servers load hold the
+  reference's weights;
+- the rows for a GPU capability on the installed sglang, with its own argument parser reading
+  every row's arguments, and sglang's own refusal of a row told apart from other failures (one
+  child process that imports sglang's ServerArgs);
+- the judging and the matrix on recorded outputs, and the exit status of the whole command
+  with a runner of ours in place of the servers (sglang is not faked: a row is a result dict).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import pytest
+
+from helpers import child_json, has_module, run_child
+from sglang_swa_plugin import cli
+from sglang_swa_plugin.selftest import command, judging, rows, server, targets
+
+# Short requests: 4 prompts of 60 tokens (longer than the window 16 and the chunk 32), 12 new tokens.
+SHORT = command.Protocol(requests=4, prompt_len=60, new_tokens=12, check_requests=4)
+# transformers' float32 tokens of the first two prompts of seed 1 (SHORT), computed with
+# tests/gpu/{gptoss,llama4,gemma4}_target.py and readout.py before they moved into the package.
+PINNED = {
+    "gptoss": [[1029, 1035, 1038, 1059, 1024, 1062, 1012, 1060, 1063, 1027, 1014, 1052],
+               [1022, 1023, 1020, 1017, 1011, 1056, 1014, 1046, 1000, 1021, 1062, 1021]],
+    "llama4": [[1014, 1033, 1029, 1049, 1018, 1030, 1030, 1034, 1034, 1060, 1060, 1011],
+               [1017, 1034, 1034, 1034, 1034, 1060, 1060, 1011, 1011, 1046, 1046, 1015]],
+    "gemma4": [[1001, 1058, 1006, 1005, 1009, 1023, 1057, 1062, 1027, 1053, 1063, 1016],
+               [1037, 1050, 1015, 1060, 1010, 1039, 1007, 1053, 1019, 1019, 1037, 1037]],
+}
+# The command's tests: 2 requests of 60 tokens, 12 new tokens.
+TINY = command.Protocol(requests=2, prompt_len=60, new_tokens=12, check_requests=2)
+H100 = rows.Gpu("NVIDIA H100 80GB HBM3", (9, 0))
+
+
+def _target(name: str):
+    t = targets.load(name)
+    why_not = targets.unavailable(t)
+    if why_not:  # Gemma 4 on sglang 0.5.10 (neither sglang nor its transformers have it)
+        pytest.skip(why_not)
+    return t
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """One torch thread: the test workers share the cores (several threads each would spin
+    against each other)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Every available target saved as the selftest saves it: {name: (target dir, draft dir)}."""
+    root = str(tmp_path_factory.mktemp("targets"))
+    return {name: targets.load(name).save(root) for name in targets.NAMES
+            if not targets.unavailable(targets.load(name))}
+
+
+# -- the targets -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", targets.NAMES)
+def test_a_target_gives_the_pinned_tokens_in_bf16_too_and_sees_its_window(name):
+    t = _target(name)
+    assert command.reference(t, [1], SHORT._replace(requests=2)) == PINNED[name]
+    chk = command.target_check(t, SHORT, 1)
+    assert chk["ok"] and chk["bf16_equal"] == 4 and chk["min_margin"] > 0.1, chk
+    assert chk["changed"] == {t.SIZE - 1: 4, t.SIZE + 1: 4}, chk
+
+
+def test_a_window_blind_target_fails_its_check():
+    """A target whose reference ignores the chunk it is asked for (every size the same model)."""
+    t = _target("llama4")
+    blind = argparse.Namespace(hf_model=lambda size, dtype=None: t.hf_model(t.SIZE, dtype), SIZE=t.SIZE, LABEL=t.LABEL)
+    chk = command.target_check(blind, TINY, 1)
+    assert chk["changed"] == {t.SIZE - 1: 0, t.SIZE + 1: 0} and not chk["ok"], chk
+
+
+@pytest.mark.parametrize("name", targets.NAMES)
+def test_a_saved_target_holds_the_weights_of_its_reference(name, saved):
+    """What a server loads is what the float32 reference computes with (bf16-rounded), and the
+    config carries the model class sglang serves, the size that decides the tokens and, where
+    the target has one, the EAGLE3 draft."""
+    from safetensors.torch import load_file
+
+    t = _target(name)
+    target, draft = saved[name]
+    with open(os.path.join(target, "config.json")) as f:
+        cfg = json.load(f)
+    assert cfg["architectures"] == [t.ARCHITECTURE]
+    size = cfg.get("text_config", cfg).get("attention_chunk_size" if t.LABEL == "chunk" else "sliding_window")
+    assert size == t.SIZE
+    assert (draft is not None) == t.HAS_DRAFT
+    if draft:
+        with open(os.path.join(draft, "config.json")) as f:
+            assert json.load(f)["architectures"] == ["LlamaForCausalLMEagle3"]
+    served = {k.removeprefix("language_model."): v.float() for k, v in load_file(os.path.join(target, "model.safetensors")).items()}
+    ref = t.hf_model().state_dict()
+    shared = set(served) & set(ref)
+    assert len(shared) >= 0.9 * len(served), sorted(set(served) - shared)
+    assert all(served[k].equal(ref[k]) for k in shared), [k for k in shared if not served[k].equal(ref[k])]
+
+
+def test_availability_is_read_from_the_installed_sglang():
+    assert targets.sglang_serves("GptOssForCausalLM") and targets.sglang_serves("Llama4ForConditionalGeneration")
+    assert not targets.sglang_serves("NoSuchModelForCausalLM")
+    assert targets.sglang_serves("Gemma4ForCausalLM") == has_module("sglang.srt.models.gemma4_causal")
+    if not has_module("sglang.srt.models.gemma4_causal"):
+        assert "Gemma4ForCausalLM" in targets.unavailable(targets.load("gemma4"))
+
+
+# -- rows and sglang's own argument handling (one child process) ----------------------------
+
+SGLANG_CHILD = """
+import argparse, json, sys, traceback
+from sglang.srt.server_args import ServerArgs, prepare_server_args
+from sglang_swa_plugin.selftest import rows, server
+
+opts = rows.sglang_options()
+parser = argparse.ArgumentParser()
+ServerArgs.add_cli_args(parser)
+paths = {"gptoss": (TARGET, DRAFT), "gemma4": (TARGET, None)}
+parsed = {}
+for cap in ((9, 0), (10, 0)):
+    for p in rows.plan(paths, rows.BACKENDS, cap, opts, stock=True, graphs_off=True):
+        if p.args is not None:
+            a = parser.parse_args(p.args)  # exits on an option this sglang does not have
+            parsed[f"{cap[0]}:{p.row.key}"] = [a.attention_backend, a.decode_attention_backend,
+                                                a.prefill_attention_backend, a.speculative_eagle_topk]
+
+def raised(argv):
+    try:
+        args = prepare_server_args(argv)
+        getattr(args, "resolve_once", lambda: None)()  # 0.5.23 resolves (and checks) in the server
+    except BaseException:
+        return traceback.format_exc()
+    return None
+
+refused = raised(["--model-path", TARGET, "--device", "cpu", "--attention-backend", "flashinfer"])
+no_gpu = raised(["--model-path", TARGET, "--attention-backend", "triton"])
+print("RESULT=" + json.dumps({
+    "flags": sorted(opts.flags), "backends": list(opts.backends), "parsed": parsed,
+    "refused": refused, "refusal": refused and server.refusal(refused),
+    "no_gpu": no_gpu, "no_gpu_refusal": no_gpu and server.refusal(no_gpu),
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def sglang_side(saved):
+    target, draft = saved["gptoss"]
+    code = SGLANG_CHILD.replace("TARGET", repr(target)).replace("DRAFT", repr(draft))
+    return child_json(run_child(code, prelude=False))
+
+
+def _options(sglang_side) -> rows.SglangOptions:
+    return rows.SglangOptions(frozenset(sglang_side["flags"]), tuple(sglang_side["backends"]))
+
+
+@pytest.mark.cli  # a child process importing sglang's ServerArgs (11-17 s): on the CLI releases only
+def test_sglang_options_come_from_its_parser(sglang_side):
+    opts = _options(sglang_side)
+    assert set(rows.BACKENDS) <= set(opts.backends)
+    assert "--model-path" in opts.flags and "--nosuchflag" not in opts.flags
+    base = rows.exact_base("/t", flags=opts.flags)
+    renamed = "--disable-piecewise-cuda-graph" if "--disable-piecewise-cuda-graph" in opts.flags else "--disable-prefill-cuda-graph"
+    assert renamed in base and all(a in opts.flags for a in base if a.startswith("--")), base
+
+
+@pytest.mark.cli  # a child process importing sglang's ServerArgs (11-17 s): on the CLI releases only
+def test_every_planned_row_is_read_by_sglangs_own_parser(sglang_side):
+    parsed = sglang_side["parsed"]
+    assert parsed["9:gptoss/fa3/k2/plugin"] == ["fa3", None, None, 2]
+    assert parsed["9:gptoss/trtllm_mha/plain/eager/stock"] == [None, "trtllm_mha", "fa3", None]
+    assert parsed["10:gptoss/trtllm_mha/k1/plugin"] == ["trtllm_mha", None, None, 1]
+    assert "10:gptoss/fa3/plain/plugin" not in parsed  # fa3: Hopper only
+    assert not [k for k in parsed if k.split(":")[1].startswith("gemma4/") and "/plain/" not in k]  # no draft
+    # (gptoss: 4 backends x 3 modes, gemma4: 4 backends) x plugin/stock x graphs on/off; sm100 without fa3
+    assert len(parsed) == (12 + 4) * 4 + (12 + 4 - 4) * 4
+
+
+@pytest.mark.cli  # a child process importing sglang's ServerArgs (11-17 s): on the CLI releases only
+def test_a_refusal_of_sglangs_argument_handling_is_told_apart(sglang_side):
+    """GPT-OSS on flashinfer: sglang's own assertion (ServerArgs, or its argument groups on
+    0.5.23) is a refusal, with its line; a failure elsewhere in sglang (no GPU) is not."""
+    assert sglang_side["refused"], "this sglang accepted GPT-OSS on flashinfer"
+    assert sglang_side["refusal"].startswith("AssertionError: GptOssForCausalLM requires one of"), sglang_side["refusal"]
+    if sglang_side["no_gpu"]:
+        assert sglang_side["no_gpu_refusal"] is None, sglang_side["no_gpu"][-800:]
+
+
+@pytest.mark.cli  # a child process importing sglang's ServerArgs (11-17 s): on the CLI releases only
+def test_a_failure_outside_sglangs_argument_handling_is_not_a_refusal():
+    log = ("[2026-01-01 TP0] sglang-swa-plugin: fix trtllm_swa_pool applied\n"
+           "Traceback (most recent call last):\n"
+           '  File "/x/sglang/srt/managers/scheduler.py", line 10, in run\n'
+           '  File "/x/sglang/srt/model_executor/model_runner.py", line 20, in init\n'
+           "RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    assert server.refusal(log) is None
+    refused = log.replace("/x/sglang/srt/model_executor/model_runner.py", "/x/sglang/srt/arg_groups/model_hook.py")
+    assert server.refusal(refused) == "RuntimeError: CUDA error: an illegal memory access was encountered"
+
+
+def test_rows_for_a_gpu_capability():
+    opts = rows.SglangOptions(frozenset(["--disable-piecewise-cuda-graph", "--cuda-graph-max-bs", "--disable-cuda-graph",
+                                         "--decode-attention-backend", "--prefill-attention-backend"]), rows.BACKENDS)
+    paths = {"gptoss": ("/t", "/d"), "gemma4": ("/g", None), "llama4": "target not available: no Llama 4 here"}
+
+    def why(cap, key, **kw):
+        return {p.row.key: p.why_not for p in rows.plan(paths, rows.BACKENDS, cap, opts, **kw)}[key]
+
+    assert why((9, 0), "gptoss/fa3/k1/plugin") is None and why((9, 0), "gptoss/trtllm_mha/plain/plugin") is None
+    assert "Hopper" in why((8, 0), "gptoss/fa3/plain/plugin") and "sm90" in why((8, 0), "gptoss/trtllm_mha/plain/plugin")
+    assert why((8, 0), "gptoss/flashinfer/k2/plugin") is None and why((12, 0), "gemma4/triton/plain/plugin") is None
+    assert why(None, "gemma4/triton/plain/plugin") == "no CUDA GPU"
+    assert "no flashinfer" in {p.row.key: p.why_not for p in rows.plan(
+        paths, rows.BACKENDS, (9, 0), opts._replace(backends=("fa3", "triton")))}["gptoss/flashinfer/plain/plugin"]
+    keys = [p.row.key for p in rows.plan(paths, ["fa3"], (9, 0), opts, stock=True, graphs_off=True)]
+    assert keys[:4] == ["gptoss/fa3/plain/plugin", "gptoss/fa3/plain/stock", "gptoss/fa3/plain/eager/plugin",
+                        "gptoss/fa3/plain/eager/stock"]
+    assert len(keys) == 3 * 4 + 4 and "gemma4/fa3/k1/plugin" not in keys and not [k for k in keys if "llama4" in k]
+    only = [p.row.key for p in rows.plan(paths, rows.BACKENDS, (9, 0), opts, patterns=["gptoss/*/k1/*", "gemma4/triton/*"])]
+    assert only == ["gptoss/fa3/k1/plugin", "gptoss/flashinfer/k1/plugin", "gptoss/triton/k1/plugin",
+                    "gptoss/trtllm_mha/k1/plugin", "gemma4/triton/plain/plugin"]
+    eager = {p.row.key: p.args for p in rows.plan(paths, ["triton"], (9, 0), opts, graphs_off=True)}
+    assert eager["gemma4/triton/plain/eager/plugin"][-1] == "--disable-cuda-graph"
+    assert "--disable-cuda-graph" not in eager["gemma4/triton/plain/plugin"]
+
+
+# -- judging, the matrix and the exit status -------------------------------------------------
+
+REF = [[1, 2, 3, 4, 5, 6]] * 4 + [[7, 8, 9, 10, 11, 12]] * 4  # two seeds of 4 requests
+
+
+def _served(outputs, accept=None, plugin_log=("sglang-swa-plugin: fix x applied",)):
+    return {"state": "served", "outputs": outputs, "accept_length": accept, "plugin_log": list(plugin_log)}
+
+
+def test_judging_recorded_outputs():
+    wrong = [list(o) for o in REF]
+    wrong[1][0], wrong[6][2] = 99, 99  # seed 1: one request at token 0; seed 2: one at token 2
+    judged = judging.judge(_served(wrong, 2.4), REF, 4)
+    assert [(c["identical"], c["of"]) for c in judged["per_seed"]] == [(3, 4), (3, 4)]
+    assert judged["per_seed"][0]["bands"] == {"identical": 3, "0-3": 1, "4-15": 0, "16-31": 0, "32+": 0}
+    assert judging.verdict(judged, plugin=True) == ("WRONG TOKENS (first divergence at token 0-3: 2)", True)
+    assert judging.verdict(judged, plugin=False) == ("other tokens (first divergence at token 0-3: 2)", False)
+    exact = judging.judge(_served([list(o) for o in REF]), REF, 4)
+    assert judging.verdict(exact, True, plugin_loaded=True) == ("OK", False)
+    assert judging.verdict(exact, True, plugin_loaded=False)[1]
+    # a row without output is never judged as output, whatever it holds
+    for state in ("did not start", "crashed while serving"):
+        row = {"state": state, "error": "RuntimeError: boom", "outputs": [list(o) for o in REF]}
+        assert judging.judge(row, REF, 4) == {"state": state, "error": "RuntimeError: boom"}
+        assert judging.verdict(judging.judge(row, REF, 4), True) == (f"{state.upper()}: RuntimeError: boom", True)
+    refused = {"state": judging.REFUSED, "error": "AssertionError: no"}
+    assert judging.verdict(judging.judge(refused, REF, 4), True) == ("refused by sglang: AssertionError: no", False)
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    return cli._parser().parse_args(["selftest", *argv])
+
+
+def test_the_command_line():
+    a = _args("--targets", "gptoss,gemma4", "--backends", "triton", "--seeds", "5,6", "--parallel", "3",
+              "--mem-fraction", "0.6", "--stock", "--graphs-off", "--rows", "gptoss/*,gemma4/*/plain/*", "--json")
+    assert (a.cmd, a.targets, a.backends, a.seeds, a.parallel, a.mem_fraction, a.stock, a.graphs_off, a.rows, a.json) == (
+        "selftest", ["gptoss", "gemma4"], ["triton"], [5, 6], 3, 0.6, True, True, ["gptoss/*", "gemma4/*/plain/*"], True)
+    d = _args()
+    assert (d.targets, d.backends, d.seeds, d.stock, d.graphs_off, d.rows, d.out) == (
+        list(targets.NAMES), list(rows.BACKENDS), [1, 2, 3], False, False, [], None)
+    for bad in (["--targets", "mixtral"], ["--backends", "fa3,nope"], ["--seeds", "a"], ["--parallel", "0"]):
+        with pytest.raises(SystemExit):
+            _args(*bad)
+
+
+class Runner:
+    """A runner of ours in place of real servers: each row's result by its name (plugin rows
+    served with the reference's tokens unless ``results`` says otherwise)."""
+
+    def __init__(self, reference: list, results: dict = None):
+        self.reference, self.results, self.calls = reference, results or {}, []
+
+    def __call__(self, name, out, args, env, reqs, new_tokens, start_timeout):
+        self.calls.append((name, env))
+        assert len(reqs) == len(self.reference) and new_tokens == len(self.reference[0])
+        made = self.results.get(name)
+        return made(self.reference) if callable(made) else made or _served([list(o) for o in self.reference], 2.5)
+
+
+@pytest.fixture(scope="module")
+def llama4_ref():
+    """The float32 tokens of the target the command tests run (Llama 4: the cheapest on a CPU)."""
+    return command.reference(targets.load("llama4"), [1], TINY)
+
+
+def _selftest(tmp_path, runner, *argv):
+    args = _args("--targets", "llama4", "--seeds", "1", "--out", str(tmp_path), *argv)
+    opts = rows.SglangOptions(frozenset(["--disable-piecewise-cuda-graph", "--cuda-graph-max-bs", "--disable-cuda-graph",
+                                         "--decode-attention-backend", "--prefill-attention-backend"]), rows.BACKENDS)
+    return command.main(args, runner=runner, gpu=lambda: H100, options=lambda: opts, protocol=TINY, threads=1)
+
+
+def test_the_selftest_passes_when_every_plugin_row_is_exact(tmp_path, llama4_ref, capsys):
+    refused = {"state": judging.REFUSED, "error": "AssertionError: Llama4 does not support flashinfer"}
+    wrong_stock = lambda ref: _served([[0] + o[1:] for o in ref], 1.0, plugin_log=())
+    runner = Runner(llama4_ref, {f"llama4_flashinfer_{m}_{s}": refused for m in ("plain", "k1", "k2") for s in ("plugin", "stock")}
+                    | {"llama4_triton_plain_stock": wrong_stock})
+    assert _selftest(tmp_path, runner, "--stock") == 0
+    out = capsys.readouterr().out
+    assert len(runner.calls) == 4 * 3 * 2
+    assert {env["SGLANG_PLUGINS"] for name, env in runner.calls if name.endswith("_plugin")} == {"swa_plugin"}
+    assert all(env == server.OFF for name, env in runner.calls if name.endswith("_stock"))
+    lines = out.splitlines()
+    checks = next(i for i, l in enumerate(lines) if l.startswith("  llama4 "))
+    assert "bf16 = float32 2/2" in lines[checks] and "chunk 31 changes 2/2" in lines[checks]
+    assert checks < min(i for i, l in enumerate(lines) if l.startswith("  [")), out  # checks before the servers' lines
+    row = next(l for l in lines if l.startswith("llama4/fa3/k1/plugin"))
+    assert row.split()[1:4] == ["2/2", "2.5", "OK"], row
+    assert "other tokens (first divergence at token 0-3: 2)" in next(l for l in lines if l.startswith("llama4/triton/plain/stock"))
+    assert "refused by sglang: AssertionError" in next(l for l in lines if l.startswith("llama4/flashinfer/k1/plugin"))
+    assert lines[-1].startswith("OK: 9 plugin row(s)") and "6 refused by sglang" in lines[-1], lines[-1]
+
+
+def test_the_selftest_fails_on_each_bad_plugin_row(tmp_path, llama4_ref, capsys):
+    bad = {"llama4/fa3/k2/plugin": (lambda ref: _served([o[:-1] + [0] for o in ref], 2.0),
+                                    "WRONG TOKENS (first divergence at token 4-15: 2)"),
+           "llama4/triton/plain/plugin": ({"state": "did not start", "error": "ValueError: no"},
+                                          "DID NOT START: ValueError: no"),
+           "llama4/trtllm_mha/k1/plugin": ({"state": "crashed while serving", "error": "CUDA error"},
+                                           "CRASHED WHILE SERVING: CUDA error"),
+           "llama4/fa3/plain/plugin": (lambda ref: _served([list(o) for o in ref], plugin_log=()),
+                                       "PLUGIN NOT LOADED")}
+    runner = Runner(llama4_ref, {k.replace("/", "_"): result for k, (result, _) in bad.items()})
+    assert _selftest(tmp_path, runner, "--json") == 1
+    report = json.loads(capsys.readouterr().out)
+    failed = {k: e["result"] for k, e in report["rows"].items() if e["failed"]}
+    assert sorted(failed) == sorted(bad) and all(failed[k].startswith(why) for k, (_, why) in bad.items()), failed
+    assert report["problems"] == ["4 plugin row(s) did not serve the model's tokens on every request"]
+    assert report["rows"]["llama4/fa3/k1/plugin"]["result"] == "OK"
+
+
+def test_the_selftest_fails_when_nothing_was_served(tmp_path, llama4_ref, capsys):
+    refused = {"state": judging.REFUSED, "error": "AssertionError: no"}
+    everything_refused = Runner(llama4_ref, {f"llama4_{b}_{m}_plugin": refused for b in rows.BACKENDS for m in rows.MODES})
+    assert _selftest(tmp_path, everything_refused) == 1
+    assert "PROBLEM: no plugin row served" in capsys.readouterr().out
+    args = _args("--targets", "llama4", "--out", str(tmp_path))
+    assert command.main(args, runner=Runner(llama4_ref), gpu=lambda: None, protocol=TINY, threads=1) == 1
+    assert "PROBLEM: no CUDA GPU" in capsys.readouterr().out

@@ -898,7 +898,10 @@ def against_reference(tag: str, out: str, reqs: list, model_fn, rows: dict) -> d
     only = os.environ.get("ROWS")
     if only:
         rows = {k: v for k, v in rows.items() if k in only.split(",")}
-    res = run_many({k: (f"{tag}_{k}", out, args, env, reqs, 64, {"concurrency": 32}) for k, (args, env) in rows.items()})
+    # a row is (args, env) or (args, env, run options), e.g. {"rounds": 2}: the outputs judged are
+    # the last round's, served from a radix cache that holds the first rounds' prompts
+    res = run_many({k: (f"{tag}_{k}", out, row[0], row[1], reqs, 64, {"concurrency": 32, **(row[2] if len(row) > 2 else {})})
+                    for k, row in rows.items()})
     ref_thread.join()
     ref = ref_box["outputs"]
     table = {k: judge(res[k], ref, 32) for k in rows}
@@ -1077,8 +1080,23 @@ def scenario_gemma4_exact(out, _target, _draft):
         rows[f"{b}_small_on"] = (exact_base(target, 4096) + BACKEND_ARGS[b], ON)
         rows[f"{b}_pw_on"] = (exact_base(target, piecewise=True) + BACKEND_ARGS[b], ON)  # every default flag
         rows[f"{b}_pw_off"] = (exact_base(target, piecewise=True) + BACKEND_ARGS[b], OFF)
-    rows["flashinfer_on_without_flashinfer_swa_prefill"] = (exact_base(target) + BACKEND_ARGS["flashinfer"],
-                                                            {**ON, "SGLANG_SWA_PLUGIN_FIXES": "all,-flashinfer_swa_prefill"})
+    without_fsp = {**ON, "SGLANG_SWA_PLUGIN_FIXES": "all,-flashinfer_swa_prefill"}
+    rows["flashinfer_on_without_flashinfer_swa_prefill"] = (exact_base(target) + BACKEND_ARGS["flashinfer"], without_fsp)
+    # flashinfer's cached-prefix prefill (#26513) and paged-only plan (#31501): "tiny" retracts
+    # (2048 tokens) and the recomputations match cached prefixes (the retract probe logs them);
+    # "pw": piecewise CUDA-graph prefill
+    probe = {"PYTHONPATH": os.pathsep.join(filter(None, [RETRACT_PROBE, os.environ.get("PYTHONPATH")]))}
+    tiny = exact_base(target, 2048) + BACKEND_ARGS["flashinfer"]
+    rows["flashinfer_tiny_on"] = (tiny, {**ON, **probe})
+    rows["flashinfer_tiny_on_without_flashinfer_swa_prefill"] = (tiny, {**without_fsp, **probe})
+    rows["flashinfer_pw_on_without_flashinfer_swa_prefill"] = (exact_base(target, piecewise=True)
+                                                               + BACKEND_ARGS["flashinfer"], without_fsp)
+    # "again": the same requests three times, the last round judged: every prompt is a cached
+    # prefix by then (flashinfer's cached-prefix prefill, ragged part + paged prefix, #26513)
+    again = exact_base(target) + BACKEND_ARGS["flashinfer"]
+    rows["flashinfer_again_on"] = (again, ON, {"rounds": 2})
+    rows["flashinfer_again_on_without_flashinfer_swa_prefill"] = (again, without_fsp, {"rounds": 2})
+    rows["triton_again_on"] = (exact_base(target) + BACKEND_ARGS["triton"], ON, {"rounds": 2})
     return {"seeds": seeds, **against_reference("gemma4_exact", out, reqs, gt.hf_model, rows)}
 
 

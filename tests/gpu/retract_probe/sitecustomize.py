@@ -85,19 +85,22 @@ def _patch(module):
     cls = module.ScheduleBatch
     retract, extend, decode = cls.retract_decode, cls.prepare_for_extend, cls.prepare_for_decode
 
+    retracted = set()  # rids of this process's retracted requests (releases without retraction_count)
+
     def retract_decode(self, *args, **kwargs):
         out = retract(self, *args, **kwargs)
         for req in out[0]:
-            _log(f"retract rid={req.rid} out={len(req.output_ids)} iter={self.forward_iter}")
+            retracted.add(req.rid)
+            _log(f"retract rid={req.rid} out={len(req.output_ids)} iter={getattr(self, 'forward_iter', None)}")
         return out
 
     def prepare_for_extend(self, *args, **kwargs):
         out = extend(self, *args, **kwargs)
         for req in self.reqs:
-            if getattr(req, "retraction_count", 0):
-                _log(f"reprefill rid={req.rid} out={len(req.output_ids)} prefix={len(req.prefix_indices)} "
-                     f"fill={len(req.get_fill_ids())}")
-            end, full = len(req.get_fill_ids()), len(req.origin_input_ids) + len(req.output_ids)
+            fill = getattr(req, "get_fill_ids", None)
+            end, full = len(fill() if fill else req.fill_ids), len(req.origin_input_ids) + len(req.output_ids)
+            if req.rid in retracted:
+                _log(f"reprefill rid={req.rid} out={len(req.output_ids)} prefix={len(req.prefix_indices)} fill={end}")
             if end < full and req is not getattr(self, "chunked_req", None):
                 _log(f"violation kind=untracked_cut rid={req.rid} out={len(req.output_ids)} end={end} full={full}")
         if _CHECK:

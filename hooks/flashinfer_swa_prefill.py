@@ -2,28 +2,29 @@
 Bug
     The ragged prefill wrapper is one wrapper for all layers, planned without ``window_left``
     and, without a cached prefix, run without it: sliding layers attend the whole prompt
-    (H100, 0.5.11, Gemma 4 target: 38 of 96 requests wrong from the first token). Paged-only
-    prefill (piecewise CUDA graphs, ``SGLANG_FLASHINFER_USE_PAGED``) plans the sliding
-    wrapper without the window and passes it at run time only (#31501, 0.5.10-0.5.15).
-    Fix: a second ragged wrapper, planned with the window, runs the sliding layers; the
-    paged sliding plan of a prefill gets ``window_left`` where sglang's does not pass it.
+    (H100, 0.5.11, Gemma 4 target: 38 of 96 requests wrong from the first token). With a cached
+    prefix the sliding paged part reads keys up to the sequence's end, unwritten yet, unmasked
+    (#26513, 0.5.10-0.5.12; H200, 0.5.11: 9 of 32 wrong). Paged-only prefill (piecewise CUDA
+    graphs) plans the sliding wrapper without the window (#31501, 0.5.10-0.5.15).
+    Fix: a ragged twin planned with the window runs the sliding layers; the paged sliding plan
+    gets the window, and with a cached prefix the prefix's last window keys and a mask (#26513).
 Upstream PRs
-    None for the ragged branch (unchanged through 0.5.23); #31501 (paged, 0.5.16); #26513.
+    None for the ragged branch (unchanged through 0.5.23); #26513 (0.5.13); #31501 (0.5.16).
 Affected versions
-    0.5.10-0.5.23 (paged plan: 0.5.10-0.5.15). Status by release: applied 0.5.10+.
+    0.5.10-0.5.23 (cached prefix: 0.5.10-0.5.12; paged plan: 0.5.10-0.5.15). Status by release: applied 0.5.10+.
 Detection
-    Structural: ``forward_extend`` runs ``prefill_wrapper_ragged`` without ``window_left``
-    (needed) and the prefill updater's window plan passes no ``window_left`` (paged part
-    needed); no ragged wrapper: not applicable; anything else: unknown.
+    Structural: ``forward_extend`` runs ``prefill_wrapper_ragged`` without ``window_left``: needed;
+    the window plan passes no ``window_left`` (paged part) / has no ``if use_ragged`` branch
+    (prefix part). No ragged wrapper: not applicable; anything else: unknown.
 Delete when
     sglang plans and runs the sliding layers' ragged prefill with the window.
 """
-
 from __future__ import annotations
 
 import ast
+import functools
 
-from sglang_swa_plugin.fix import Detection, Fix, argument, around, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, argument, around, hookimpl, with_argument
 from sglang_swa_plugin.probe import function_tree, nodes, optional_module, own_function, swapped
 
 MODULE = "sglang.srt.layers.attention.flashinfer_backend"
@@ -101,25 +102,83 @@ def _layer_window(original, self, *args, **kwargs):
         pair.layer_window = None
 
 
-def _paged_window_plan(original, self, *args, **kwargs):
-    """Around the prefill updater's ``update_sliding_window``: in a paged-only prefill (no ragged
-    wrapper, no speculative input) the sliding wrapper's plan gets ``window_left`` (#31501)."""
-    use_ragged = argument(original, "use_ragged", args, kwargs)
-    spec_info = argument(original, "spec_info", args, kwargs)
-    wrappers = argument(original, "prefill_wrappers", args, kwargs)
-    window = getattr(self, "sliding_window_size", None)
-    if use_ragged or spec_info is not None or window is None or window < 0 or not wrappers:
+def prefix_window_mask(prefix_lens, seq_lens, start, window: int):
+    """The (query, key) mask of a sliding wrapper that reads the cached prefix's keys
+    ``[start, prefix)`` per request for queries at ``prefix ..seq_len - 1`` (flattened per request,
+    queries by rows): key k is in query q's window when k >= q - window. None where every key is
+    (as #26513 builds it)."""
+    import torch
+
+    blocks, needed = [], False
+    for prefix, seq, first in zip(prefix_lens.tolist(), seq_lens.tolist(), start.tolist()):
+        keys, queries = prefix - first, seq - prefix
+        if keys <= 0 or queries <= 0:
+            continue
+        q = torch.arange(prefix, seq, device=prefix_lens.device).view(-1, 1)
+        k = torch.arange(first, prefix, device=prefix_lens.device).view(1, -1)
+        block = (k >= q - window).to(torch.uint8)
+        needed |= not bool(block.all())
+        blocks.append(block.view(-1))
+    return torch.cat(blocks) if needed else None
+
+
+def _prefix_window_plan(self, original, args, kwargs):
+    """A ragged prefill with a cached prefix (#26513, 0.5.10-0.5.12): the sliding wrapper's paged
+    part reads the prefix's last ``window`` keys only (sglang's read ``window`` + extend keys up
+    to the sequence's end, whose KV the batch has not written yet), with a mask per (query, key)."""
+    import torch
+
+    window, wrappers = self.sliding_window_size, argument(original, "prefill_wrappers", args, kwargs)
+    seq_lens, prefix_lens = (argument(original, n, args, kwargs) for n in ("seq_lens", "prefix_lens"))
+    start = torch.clamp(prefix_lens - window, min=0)
+    lens = prefix_lens - start
+    mask = prefix_window_mask(prefix_lens, seq_lens, start, window)
+    sliding, call, plan = wrappers[0], self.call_begin_forward, wrappers[0].begin_forward
+
+    def sliding_call(*a, **k):
+        if argument(call, "wrapper_paged", a, k, method=False) is sliding:
+            for name, value in (("paged_kernel_lens", lens), ("paged_kernel_lens_sum", int(lens.sum().item())),
+                                ("kv_start_idx", start)):
+                a, k = with_argument(call, name, value, a, k, method=False)
+        return call(*a, **k)
+
+    def masked_plan(*a, **k):
+        if mask is not None and k.get("custom_mask") is None:
+            k["custom_mask"] = mask
+        return plan(*a, **k)
+
+    with swapped(self, "call_begin_forward", sliding_call), swapped(sliding, "begin_forward", masked_plan):
         return original(self, *args, **kwargs)
-    sliding = wrappers[0]
+
+
+def _paged_only_window_plan(self, original, args, kwargs):
+    """A paged-only prefill (#31501, 0.5.10-0.5.15): the sliding wrapper's plan gets ``window_left``."""
+    sliding = argument(original, "prefill_wrappers", args, kwargs)[0]
     plan = sliding.begin_forward
 
     def windowed_plan(*a, **k):
         if k.get("window_left", -1) < 0:
-            k["window_left"] = window
+            k["window_left"] = self.sliding_window_size
         return plan(*a, **k)
 
     with swapped(sliding, "begin_forward", windowed_plan):
         return original(self, *args, **kwargs)
+
+
+def _window_plan(original, self, *args, paged: bool = True, prefix: bool = True, **kwargs):
+    """Around the prefill updater's ``update_sliding_window`` (no speculative input): the sliding
+    wrapper's plan of a paged-only prefill (``paged``) and of a ragged prefill with a cached
+    prefix (``prefix``) as sglang plans them once fixed; anything else as sglang plans it."""
+    use_ragged = argument(original, "use_ragged", args, kwargs)
+    window = getattr(self, "sliding_window_size", None)
+    if (argument(original, "spec_info", args, kwargs) is not None or window is None or window < 0
+            or not argument(original, "prefill_wrappers", args, kwargs)):
+        return original(self, *args, **kwargs)
+    if not use_ragged and paged:
+        return _paged_only_window_plan(self, original, args, kwargs)
+    if use_ragged and prefix and bool((argument(original, "prefix_lens", args, kwargs) > 0).any()):
+        return _prefix_window_plan(self, original, args, kwargs)
+    return original(self, *args, **kwargs)
 
 
 def _ragged_calls(fn, method_names) -> list:
@@ -150,10 +209,18 @@ def classify() -> Detection:
     reason = "the ragged prefill of sliding-window layers runs without window_left (whole prompt)"
     updater = getattr(mod, "FlashInferIndicesUpdaterPrefill", None)
     window_plan = own_function(updater, "update_sliding_window") if updater is not None else None
-    if window_plan is not None and not any(isinstance(n, ast.keyword) and n.arg == "window_left"
-                                           for n in nodes(function_tree(window_plan)[0])):
-        plan.append(around(PAGED_PLAN, _paged_window_plan))
-        reason += "; the paged sliding prefill is planned without it"
+    if window_plan is not None:
+        tree = function_tree(window_plan)[0]
+        paged = not any(isinstance(n, ast.keyword) and n.arg == "window_left" for n in nodes(tree))
+        # #26513 gives the ragged case its own branch: ``if use_ragged:`` in the window plan
+        prefix = not any(isinstance(n, ast.If) and any(isinstance(x, ast.Name) and x.id == "use_ragged"
+                                                       for x in ast.walk(n.test)) for n in nodes(tree))
+        if paged or prefix:
+            plan.append(around(PAGED_PLAN, functools.partial(_window_plan, paged=paged, prefix=prefix)))
+        if paged:
+            reason += "; the paged sliding prefill is planned without it"
+        if prefix:
+            reason += "; with a cached prefix its paged part reads keys past the prefix, unmasked"
     return Detection.needed(reason, *plan)
 
 

@@ -62,6 +62,48 @@ def test_sliding_layers_prefill_in_their_window_with_the_fix():
     assert out.seen["paged_plan"] == {"sliding": [7], "full": [-1], "use_ragged": False}, out.seen
 
 
+def _prefix_part_needed() -> bool:
+    """The window plan has no ``if use_ragged:`` branch of its own (#26513 is not in this sglang)."""
+    import inspect
+
+    from sglang_swa_plugin.probe import optional_module
+
+    mod = optional_module(fp.MODULE)
+    return "if use_ragged" not in inspect.getsource(mod.FlashInferIndicesUpdaterPrefill.update_sliding_window)
+
+
+def test_stock_cached_prefix_reads_unwritten_keys_where_sglang_lacks_26513():
+    """A ragged prefill with cached prefixes: stock 0.5.10-0.5.12 plan the sliding paged part
+    over keys up to each sequence's end (the extend's own keys, not written yet) with no mask;
+    0.5.13+ (#26513) the prefix's last window keys with a mask."""
+    skip_unless_needed(FIX)
+    prefix = _scenario(fixed=False).seen["prefix"]
+    if _prefix_part_needed():
+        assert not any(r["right"] for r in prefix.values()), prefix
+        assert all(r["unwritten_keys_read"] and not r["masked"] for r in prefix.values()), prefix
+    else:
+        assert all(r["right"] for r in prefix.values()), prefix
+
+
+def test_the_fix_plans_the_cached_prefix_part_in_the_window():
+    prefix = _scenario(fixed=True).seen["prefix"]
+    assert all(r["right"] and not r["unwritten_keys_read"] for r in prefix.values()), prefix
+    assert prefix["r0"]["masked"], prefix  # 4 queries over 7 prefix keys: not every key in every window
+
+
+def test_the_prefix_mask_is_upstreams():
+    """The mask the fix builds, on the cases of #26513's own form: None where every key is in
+    every query's window; else per request, queries by rows."""
+    import torch
+
+    from sglang_swa_plugin.hooks.flashinfer_swa_prefill import prefix_window_mask
+
+    t = lambda *x: torch.tensor(x)  # noqa: E731
+    assert prefix_window_mask(t(3), t(4), t(0), 7) is None  # query 3 sees keys 0..2
+    mask = prefix_window_mask(t(10, 0), t(12, 5), t(3, 0), 7)  # keys 3..9 for queries 10, 11
+    assert mask.tolist() == [1] * 7 + [0] + [1] * 6  # query 11 does not see key 3
+
+
 def test_the_pair_plans_both_and_runs_one():
     """Every plan reaches sglang's wrapper unchanged and the twin with the window; a run goes
     to the twin only while a layer of that window runs."""

@@ -10,11 +10,13 @@ with the window (7), the full layer's with none (-1); the paged plans likewise.
 
 from __future__ import annotations
 
+import functools
 
 from . import Outcome, print_outcome
 
 WINDOW = 7
 PROMPTS = (20, 5, 13)  # longer than, shorter than, longer than the window
+PREFIXED = ((20, 4), (6, 3), (13, 9))  # (tokens, of them extended): cached prefixes of 16, 3 and 4
 
 
 class RaggedRecorder:
@@ -37,6 +39,39 @@ class RaggedRecorder:
     def forward_return_lse(self, q, k, v, causal: bool = False, window_left: int = -1, **kwargs):
         out = self.forward(q, k, v, causal=causal, window_left=window_left)
         return out, q.new_zeros(q.shape[:-1])
+
+
+def _cached_prefix_plan(backend, runner, alloc, rtt, sliding_plans, torch) -> dict:
+    """A ragged prefill with cached prefixes (PREFIXED: prompt and extend lengths): the sliding
+    wrapper's paged plan as flashinfer gets it (kv ids, optional mask), turned into the (query,
+    key) positions it lets each request's extend queries read, against the model's: keys of
+    the prefix (written; the extend's own keys come from the ragged part) within the window."""
+    from . import testbed as tb
+
+    tokens = [tb.alloc_tokens(alloc, n) for n, _ in PREFIXED]
+    rows, _ = tb.fill_requests(rtt, tokens)
+    fb = tb.make_forward_batch(runner, "extend", seq_lens=[n for n, _ in PREFIXED], req_pool_indices=rows,
+                               extend_seq_lens=[e for _, e in PREFIXED],
+                               out_cache_loc=torch.cat([t[n - e:] for t, (n, e) in zip(tokens, PREFIXED)]),
+                               attn_backend=backend)
+    sliding_plans.clear()
+    backend.init_forward_metadata(fb)
+    if not backend.forward_metadata.use_ragged or not sliding_plans:
+        return {"error": {"right": False, "why": "no ragged prefill with a paged sliding plan"}}
+    args, kwargs = sliding_plans[-1]
+    kv_indptr, kv_indices, mask = args[1].tolist(), args[2].tolist(), kwargs.get("custom_mask")
+    out, at = {}, 0
+    for i, ((n, e), row) in enumerate(zip(PREFIXED, rows.tolist())):
+        prefix = n - e
+        position = {int(tb.translate(runner.token_to_kv_pool, rtt.req_to_token[row, j:j + 1])): j for j in range(n)}
+        keys = [position.get(x, -1) for x in kv_indices[kv_indptr[i]:kv_indptr[i + 1]]]
+        block = [1] * (e * len(keys)) if mask is None else mask[at:at + e * len(keys)].tolist()
+        at += 0 if mask is None else e * len(keys)
+        read = {(q, k) for qi, q in enumerate(range(prefix, n)) for ki, k in enumerate(keys) if block[qi * len(keys) + ki]}
+        want = {(q, k) for q in range(prefix, n) for k in range(prefix) if k >= q - WINDOW}
+        out[f"r{i}"] = {"right": read == want, "keys": keys[:3] + (["..."] if len(keys) > 3 else []),
+                        "masked": mask is not None, "unwritten_keys_read": sorted({k for _, k in read - want if k >= prefix})}
+    return out
 
 
 def scenario() -> Outcome:
@@ -69,9 +104,15 @@ def scenario() -> Outcome:
 
     with kernel_twins(), tb.cpu_backend_patches(), swapped(fi, "BatchPrefillWithRaggedKVCacheWrapper", recorder):
         backend = fi.FlashInferAttnBackend(runner)
-        paged_plans = {0: [], 1: []}
+        paged_plans, sliding_plans = {0: [], 1: []}, []
+
+        def record(*a, _wid, **k):
+            paged_plans[_wid].append(k.get("window_left", -1))
+            if _wid == 0:
+                sliding_plans.append((a, k))
+
         for wid, w in enumerate(backend.prefill_wrappers_paged):
-            w.begin_forward = lambda *a, _wid=wid, **k: paged_plans[_wid].append(k.get("window_left", -1))
+            w.begin_forward = functools.partial(record, _wid=wid)
         tokens = [tb.alloc_tokens(alloc, n) for n in PROMPTS]
         rows, _ = tb.fill_requests(rtt, tokens)
         fb = tb.make_forward_batch(runner, "extend", seq_lens=list(PROMPTS), req_pool_indices=rows,
@@ -94,6 +135,7 @@ def scenario() -> Outcome:
                 continue
             runs = [r.runs[-1] for r in made if len(r.runs) > before[id(r)]]
             seen[name] = runs[0] if len(runs) == 1 else {"error": f"{len(runs)} ragged runs"}
+        seen["prefix"] = _cached_prefix_plan(backend, runner, alloc, rtt, sliding_plans, torch)
         # paged-only prefill (what piecewise CUDA graphs and SGLANG_FLASHINFER_USE_PAGED take;
         # 0.5.10 has no use_paged: deterministic inference takes the same path)
         setattr(backend, "use_paged" if hasattr(backend, "use_paged") else "enable_deterministic", True)
@@ -105,6 +147,7 @@ def scenario() -> Outcome:
     want = {"sliding": WINDOW, "full": -1}
     bug = any("error" in seen[k] or seen[k]["window_left"] != w or seen[k]["planned"] != w for k, w in want.items())
     bug |= seen["paged_plan"]["sliding"] != [WINDOW] or seen["paged_plan"]["full"] != [-1]
+    bug |= not all(r["right"] for r in seen["prefix"].values())
     return Outcome(bug, seen)
 
 

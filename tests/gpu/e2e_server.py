@@ -53,18 +53,14 @@ Each scenario writes DIR/<scenario>.json and the server logs DIR/<run>.log.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import random
 import re
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 # Servers run side by side on the one GPU (PARALLEL at a time, each on its own port): one
@@ -73,30 +69,16 @@ PARALLEL = int(os.environ.get("PARALLEL", "1"))
 # Each server gets a block of 10 ports, its HTTP port and (+5) its torch.distributed port,
 # both checked free: servers started side by side cannot collide (sglang otherwise draws the
 # distributed port at random and two servers can draw the same one).
-_PORTS = itertools.count(20000 + os.getpid() % 200 * 100, 10)
-_PORT_LOCK = threading.Lock()
-
-
-def _free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
-def reserve_ports() -> int:
-    with _PORT_LOCK:
-        while True:
-            port = next(_PORTS)
-            if _free(port) and _free(port + 5):
-                return port
 _POOL: "ThreadPoolExecutor | None" = None
-OFF = {"SGLANG_PLUGINS": "plugin_that_does_not_exist"}  # sglang's allow-list: ours stays out
-ON = {"SGLANG_PLUGINS": "swa_plugin"}
+# The servers, their states and the judging are the selftest's (sglang_swa_plugin.selftest: the
+# installed plugin's, as every server here imports it): OFF keeps the plugin out through sglang's
+# allow-list, ON names it.
+from sglang_swa_plugin.selftest.judging import compare, first_divergences, judge  # noqa: E402
+from sglang_swa_plugin.selftest.server import OFF, ON, Server, first_error, generate  # noqa: E402,F401
+from sglang_swa_plugin.selftest import rows as _rows, server as _server  # noqa: E402
+from sglang_swa_plugin.selftest.rows import eagle3 as eagle3_real  # noqa: E402
+
+START_TIMEOUT = float(os.environ.get("START_TIMEOUT", "480"))
 
 
 def gpt_oss_config(vocab: int):
@@ -297,134 +279,19 @@ def make_llama4_pair(root: str, seed: int = 4, chunk: int = LLAMA4_CHUNK) -> tup
     return target, draft
 
 
-class Server:
-    def __init__(self, name: str, out: str, args: list, env: dict):
-        self.name, self.log = name, os.path.join(out, f"{name}.log")
-        self.port = reserve_ports()
-        if "--nccl-port" not in args:
-            args = [*args, "--nccl-port", str(self.port + 5)]
-        full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
-        if "PYTHONPATH_PREPEND" in env:  # e.g. another build of the plugin in front of the payload's
-            full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [env["PYTHONPATH_PREPEND"], full_env.get("PYTHONPATH")]))
-        cmd = [sys.executable, "-m", "sglang.launch_server", "--port", str(self.port), "--host", "127.0.0.1", *args]
-        with open(self.log, "w") as f:
-            f.write("$ " + " ".join(cmd) + "\n# env: " + json.dumps(env) + "\n")
-        # cwd outside the source tree: the server must import the INSTALLED plugin.
-        self.proc = subprocess.Popen(cmd, stdout=open(self.log, "a"), stderr=subprocess.STDOUT, env=full_env,
-                                     start_new_session=True, cwd=tempfile.gettempdir())
-        self.t0 = time.time()
-
-    def wait(self, timeout: float = float(os.environ.get("START_TIMEOUT", "480"))) -> bool:
-        while time.time() - self.t0 < timeout:
-            if self.proc.poll() is not None:
-                return False
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
-                    if r.status == 200:
-                        self.startup_s = time.time() - self.t0
-                        return True
-            except Exception:  # noqa: BLE001
-                pass
-            time.sleep(2)
-        return False
-
-    def stop(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
-        time.sleep(3)
-
-    def log_lines(self, needle: str) -> list:
-        return [l.rstrip() for l in open(self.log, errors="replace") if needle in l]
-
-
-def generate(port: int, ids: list, max_new: int, rid: "str | None" = None) -> dict:
-    """One greedy request; ``rid`` names it in the server's log (the retract probe's lines)."""
-    body = json.dumps({"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": max_new,
-                                                              "ignore_eos": True}, **({"rid": rid} if rid else {})}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=body,
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=300) as r:
-            return json.loads(r.read())
-    except Exception as e:  # noqa: BLE001
-        return {"error": f"{type(e).__name__}: {e}"}
-
-
 def prompts(n: int, length: int, seed: int = 0) -> list:
     rng = random.Random(seed)
     return [[rng.randrange(10, 2000) for _ in range(length)] for _ in range(n)]
 
 
-# A server log line that reports an error of the server (never one of the plugin's own lines,
-# which may quote an exception it handled).
-_ERROR = re.compile(r"Traceback|Error|Exception|illegal memory access|Assertion|CUDA error|Killed")
-_HARNESS = ("EADDRINUSE", "Address already in use")  # a start that failed for the harness's reason
-
-
-def server_errors(log: str) -> list:
+def run(name, out, args, env, reqs, max_new, concurrency=32, rounds=1):
+    """One server (``sglang_swa_plugin.selftest.server.run``: its states, outputs, accept length,
+    retracting steps), START_TIMEOUT from the environment; ``probe``: the lines of the test-side
+    probes on its path (tests/gpu/retract_probe), if any."""
+    res = _server.run(name, out, args, env, reqs, max_new, concurrency, rounds, start_timeout=START_TIMEOUT)
+    log = os.path.join(out, f"{name}.log")
     lines = open(log, errors="replace").read().splitlines() if os.path.exists(log) else []
-    return [l.rstrip()[-240:] for l in lines if _ERROR.search(l) and "sglang-swa-plugin" not in l]
-
-
-def first_error(log: str) -> "str | None":
-    """The line that names the server's exception: the last line of its first traceback, else
-    the first error line."""
-    errs = server_errors(log)
-    named = [l for l in errs if re.search(r"^\S*(Error|Exception)\b|\b\w+(Error|Exception): ", l.strip())]
-    return (named or errs or [None])[0]
-
-
-def run(name, out, args, env, reqs, max_new, concurrency=32, rounds=1, _retry=True):
-    """One server; ``rounds`` > 1: a warm-up round, then ``rounds`` timed rounds of the same
-    requests (``round_tok_per_s``), so that throughput is compared on warm servers. Every
-    result says its ``state``: "did not start", "crashed while serving" (the server died, or a
-    request failed or came back without output) or "served"; only a served row has outputs
-    to judge. A start that failed for a reason of the harness (a port taken) is retried once."""
-    srv = Server(name, out, args, env)
-    res = {"name": name, "args": args, "env": env}
-    try:
-        if not srv.wait():
-            res["state"] = "did not start"
-            res["error"] = first_error(srv.log) or "server did not start in time"
-            res["log_tail"] = open(srv.log, errors="replace").read()[-3000:]
-            if _retry and any(h in res["log_tail"] for h in _HARNESS):
-                srv.stop()
-                return run(name, out, args, env, reqs, max_new, concurrency, rounds, _retry=False)
-            return res
-        res["startup_s"] = round(srv.startup_s, 1)
-        res["round_tok_per_s"] = []
-        for i in range(rounds + (1 if rounds > 1 else 0)):
-            t = time.time()
-            with ThreadPoolExecutor(concurrency) as ex:  # request j of round i is "q<j>r<i>" in the log
-                outs = list(ex.map(lambda j: generate(srv.port, reqs[j], max_new, rid=f"q{j}r{i}"), range(len(reqs))))
-            res["wall_s"] = time.time() - t
-            if rounds > 1 and i > 0:
-                toks = sum((o.get("meta_info", {}).get("completion_tokens") or 0) for o in outs)
-                res["round_tok_per_s"].append(round(toks / res["wall_s"], 1))
-        res["outputs"] = [o.get("output_ids") for o in outs]
-        res["errors"] = [o["error"] for o in outs if "error" in o]
-        metas = [o.get("meta_info", {}) for o in outs]
-        verify = sum(m.get("spec_verify_ct", 0) or 0 for m in metas)
-        toks = sum(m.get("completion_tokens", 0) or 0 for m in metas)
-        res["completion_tokens"] = toks
-        res["accept_length"] = round(toks / verify, 4) if verify else None
-        res["plugin_log"] = srv.log_lines("sglang-swa-plugin")
-        res["retractions"] = len(srv.log_lines("#retracted_reqs"))  # sglang's own line per retracting step
-        res["probe"] = [l.split("RETRACT_PROBE ", 1)[1] for l in srv.log_lines("RETRACT_PROBE ")]
-        res["cuda_graph"] = "--disable-cuda-graph" not in args
-        res["crash"] = srv.proc.poll() is not None or bool(srv.log_lines("illegal memory access"))
-        res["assertions"] = server_errors(srv.log)[:4]
-        complete = all(o is not None and len(o) == max_new for o in res["outputs"])
-        res["state"] = "served" if complete and not res["errors"] and not res["crash"] else "crashed while serving"
-        if res["state"] != "served":
-            res["error"] = first_error(srv.log) or (res["errors"] or ["requests without output"])[0]
-    finally:
-        srv.stop()
-        with open(os.path.join(out, "runs.jsonl"), "a") as f:  # partial results survive a timeout
-            f.write(json.dumps({k: v for k, v in res.items() if k != "outputs"}) + "\n")
+    res["probe"] = [l.split("RETRACT_PROBE ", 1)[1] for l in lines if "RETRACT_PROBE " in l]
     return res
 
 
@@ -438,13 +305,6 @@ def run_many(runs: dict) -> dict:
         return {k: one(v) for k, v in runs.items()}
     futures = {k: _POOL.submit(one, v) for k, v in runs.items()}
     return {k: f.result() for k, f in futures.items()}
-
-
-def compare(a: list, b: list) -> dict:
-    same = sum(1 for x, y in zip(a, b) if x is not None and x == y)
-    first_diff = [next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), None) if x and y else None
-                  for x, y in zip(a, b)]
-    return {"identical_requests": same, "of": len(a), "first_divergence_per_request": first_diff}
 
 
 def eagle3(draft: str, topk: int, steps: int = 3, draft_tokens: int = 4) -> list:
@@ -466,16 +326,6 @@ BASE = ["--skip-tokenizer-init", "--disable-piecewise-cuda-graph", "--mem-fracti
 
 def eager(args: list) -> list:
     return args + ["--disable-cuda-graph"]
-
-
-def first_divergences(cmp: dict) -> dict:
-    """A compare() result as a distribution: how many requests first diverge in each token band."""
-    firsts = cmp["first_divergence_per_request"]
-    bands = {"identical": sum(1 for f in firsts if f is None), "0-3": 0, "4-15": 0, "16-31": 0, "32+": 0}
-    for f in firsts:
-        if f is not None:
-            bands["0-3" if f < 4 else "4-15" if f < 16 else "16-31" if f < 32 else "32+"] += 1
-    return bands
 
 
 def judged(runs: dict, ref: str) -> dict:
@@ -861,19 +711,6 @@ def prompt_seeds() -> list:
     return [int(x) for x in raw.split(",")]
 
 
-def judge(row: dict, ref: list, n: int) -> dict:
-    """A row against the reference, per prompt seed (``n`` requests each): its state; if served,
-    identical requests and first-divergence bands per seed, and its accept length; else the one
-    line of the error that stopped it. A row without output is never judged as output."""
-    if row.get("state") != "served":
-        return {"state": row.get("state", "did not start"), "error": row.get("error")}
-    per_seed = []
-    for i in range(0, len(ref), n):
-        cmp = compare(row["outputs"][i:i + n], ref[i:i + n])
-        per_seed.append({"identical": cmp["identical_requests"], "of": cmp["of"], "bands": first_divergences(cmp)})
-    return {"state": "served", "per_seed": per_seed, "accept_length": row.get("accept_length")}
-
-
 def against_reference(tag: str, out: str, reqs: list, model_fn, rows: dict) -> dict:
     """Runs ``rows`` ({key: (args, env)}) side by side while transformers' float32 output of
     ``model_fn()`` for ``reqs`` is computed on the CPU; judges every row against it per prompt
@@ -943,13 +780,9 @@ def retraction_report(row: dict, ref: list) -> dict:
 
 
 def exact_base(target: str, total: int = 16384, piecewise: bool = False, swa_ratio: float = 0.25) -> list:
-    """sglang's defaults (CUDA graphs on, the backend's page size) for the exact scenarios;
-    piecewise CUDA-graph prefill (sglang's default too) only where asked: it compiles for
-    about two minutes per server."""
-    return ["--skip-tokenizer-init", *([] if piecewise else ["--disable-piecewise-cuda-graph"]),
-            "--mem-fraction-static", os.environ.get("MEM_FRACTION", "0.5"),
-            "--max-total-tokens", str(total), "--swa-full-tokens-ratio", str(swa_ratio), "--random-seed", "0",
-            "--model-path", target, "--cuda-graph-max-bs", "32"]
+    """The selftest's server arguments (sglang's defaults, piecewise prefill graphs only where asked)
+    with MEM_FRACTION from the environment."""
+    return _rows.exact_base(target, total, piecewise, swa_ratio, mem_fraction=os.environ.get("MEM_FRACTION", "0.5"))
 
 
 def scenario_llama4_exact(out, _target, _draft):
@@ -1102,13 +935,6 @@ def scenario_gemma4_exact(out, _target, _draft):
 
 RETRACT_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "retract_probe")
 TRITON_WINDOW_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "triton_window_probe")
-
-
-def eagle3_real(draft: str, topk: int, steps: int, draft_tokens: int) -> list:
-    """Server arguments for an EAGLE3 draft with real weights (its checkpoint)."""
-    return ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
-            "--speculative-eagle-topk", str(topk), "--speculative-num-steps", str(steps),
-            "--speculative-num-draft-tokens", str(draft_tokens)]
 
 
 # Test-side only (put on a server's PYTHONPATH, never installed): sglang 0.5.11's

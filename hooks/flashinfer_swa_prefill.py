@@ -19,6 +19,7 @@ Detection
 Delete when
     sglang plans and runs the sliding layers' ragged prefill with the window.
 """
+
 from __future__ import annotations
 
 import ast

@@ -103,43 +103,51 @@ def _layer_window(original, self, *args, **kwargs):
         pair.layer_window = None
 
 
-def prefix_window_mask(prefix_lens, seq_lens, start, window: int):
-    """The (query, key) mask of a sliding wrapper that reads the cached prefix's keys
-    ``[start, prefix)`` per request for queries at ``prefix ..seq_len - 1`` (flattened per request,
-    queries by rows): key k is in query q's window when k >= q - window. None where every key is
-    (as #26513 builds it)."""
+def prefix_window_mask(prefix_lens: list, seq_lens: list, window: int, device=None):
+    """The (query, key) mask of a sliding wrapper that reads each request's cached prefix keys
+    ``[max(0, prefix - window), prefix)`` for its queries at ``prefix .. seq_len - 1`` (flattened
+    per request, queries by rows): key k is in query q's window when k >= q - window. None where
+    every key is (as #26513 builds it). Host lists in, one device tensor out."""
     import torch
 
     blocks, needed = [], False
-    for prefix, seq, first in zip(prefix_lens.tolist(), seq_lens.tolist(), start.tolist()):
-        keys, queries = prefix - first, seq - prefix
-        if keys <= 0 or queries <= 0:
+    for prefix, seq in zip(prefix_lens, seq_lens):
+        first = max(0, prefix - window)
+        if prefix <= first or seq <= prefix:
             continue
-        q = torch.arange(prefix, seq, device=prefix_lens.device).view(-1, 1)
-        k = torch.arange(first, prefix, device=prefix_lens.device).view(1, -1)
+        q = torch.arange(prefix, seq).view(-1, 1)
+        k = torch.arange(first, prefix).view(1, -1)
         block = (k >= q - window).to(torch.uint8)
         needed |= not bool(block.all())
         blocks.append(block.view(-1))
-    return torch.cat(blocks) if needed else None
+    return torch.cat(blocks).to(device) if needed else None
 
 
 def _prefix_window_plan(self, original, args, kwargs):
     """A ragged prefill with a cached prefix (#26513, 0.5.10-0.5.12): the sliding wrapper's paged
     part reads the prefix's last ``window`` keys only (sglang's read ``window`` + extend keys up
-    to the sequence's end, whose KV the batch has not written yet), with a mask per (query, key)."""
+    to the sequence's end, whose KV the batch has not written yet), with a mask per (query, key).
+    The lengths are read to the host once (two syncs of a prefill plan; upstream's form has more)."""
     import torch
 
-    window, wrappers = self.sliding_window_size, argument(original, "prefill_wrappers", args, kwargs)
-    seq_lens, prefix_lens = (argument(original, n, args, kwargs) for n in ("seq_lens", "prefix_lens"))
-    start = torch.clamp(prefix_lens - window, min=0)
-    lens = prefix_lens - start
-    mask = prefix_window_mask(prefix_lens, seq_lens, start, window)
-    sliding, call, plan = wrappers[0], self.call_begin_forward, wrappers[0].begin_forward
+    prefix_lens = argument(original, "prefix_lens", args, kwargs)
+    prefix = prefix_lens.tolist()
+    if not any(prefix):
+        return original(self, *args, **kwargs)
+    window, sliding = self.sliding_window_size, argument(original, "prefill_wrappers", args, kwargs)[0]
+    seq = argument(original, "seq_lens", args, kwargs).tolist()
+    first = [max(0, p - window) for p in prefix]
+    lens = [p - f for p, f in zip(prefix, first)]
+    device = prefix_lens.device
+    replaced = {"paged_kernel_lens": torch.tensor(lens, dtype=prefix_lens.dtype, device=device),
+                "paged_kernel_lens_sum": sum(lens),
+                "kv_start_idx": torch.tensor(first, dtype=prefix_lens.dtype, device=device)}
+    mask = prefix_window_mask(prefix, seq, window, device)
+    call, plan = self.call_begin_forward, sliding.begin_forward
 
     def sliding_call(*a, **k):
         if argument(call, "wrapper_paged", a, k, method=False) is sliding:
-            for name, value in (("paged_kernel_lens", lens), ("paged_kernel_lens_sum", int(lens.sum().item())),
-                                ("kv_start_idx", start)):
+            for name, value in replaced.items():
                 a, k = with_argument(call, name, value, a, k, method=False)
         return call(*a, **k)
 
@@ -177,7 +185,7 @@ def _window_plan(original, self, *args, paged: bool = True, prefix: bool = True,
         return original(self, *args, **kwargs)
     if not use_ragged and paged:
         return _paged_only_window_plan(self, original, args, kwargs)
-    if use_ragged and prefix and bool((argument(original, "prefix_lens", args, kwargs) > 0).any()):
+    if use_ragged and prefix:
         return _prefix_window_plan(self, original, args, kwargs)
     return original(self, *args, **kwargs)
 

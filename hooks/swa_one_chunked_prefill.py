@@ -22,6 +22,7 @@ Delete when
 from __future__ import annotations
 
 import importlib
+import inspect
 
 from sglang_swa_plugin.fix import Detection, Fix, around, hookimpl
 from sglang_swa_plugin.probe import function_text, is_attribute, nodes, function_tree, optional_module, own_function
@@ -41,7 +42,8 @@ def _one_chunked_prefill(original, self, *args, **kwargs):
 
 
 def _methods(cls) -> list:
-    return [fn for name in vars(cls) if callable(fn := own_function(cls, name)) and hasattr(fn, "__code__")]
+    """The functions the class itself defines (staticmethods and classmethods unwrapped)."""
+    return [fn for name in vars(cls) if inspect.isfunction(fn := own_function(cls, name))]
 
 
 def swa_chunk_cap(adder) -> "str | None":

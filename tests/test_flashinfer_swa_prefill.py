@@ -98,9 +98,8 @@ def test_the_prefix_mask_is_upstreams():
 
     from sglang_swa_plugin.hooks.flashinfer_swa_prefill import prefix_window_mask
 
-    t = lambda *x: torch.tensor(x)  # noqa: E731
-    assert prefix_window_mask(t(3), t(4), t(0), 7) is None  # query 3 sees keys 0..2
-    mask = prefix_window_mask(t(10, 0), t(12, 5), t(3, 0), 7)  # keys 3..9 for queries 10, 11
+    assert prefix_window_mask([3], [4], 7) is None  # query 3 sees keys 0..2
+    mask = prefix_window_mask([10, 0], [12, 5], 7, torch.device("cpu"))  # keys 3..9 for queries 10, 11
     assert mask.tolist() == [1] * 7 + [0] + [1] * 6  # query 11 does not see key 3
 
 

@@ -41,11 +41,13 @@ class RaggedRecorder:
         return out, q.new_zeros(q.shape[:-1])
 
 
-def _cached_prefix_plan(backend, runner, alloc, rtt, sliding_plans, torch) -> dict:
+def _cached_prefix_plan(backend, runner, alloc, rtt, sliding_plans) -> dict:
     """A ragged prefill with cached prefixes (PREFIXED: prompt and extend lengths): the sliding
     wrapper's paged plan as flashinfer gets it (kv ids, optional mask), turned into the (query,
     key) positions it lets each request's extend queries read, against the model's: keys of
     the prefix (written; the extend's own keys come from the ragged part) within the window."""
+    import torch
+
     from . import testbed as tb
 
     tokens = [tb.alloc_tokens(alloc, n) for n, _ in PREFIXED]
@@ -135,7 +137,7 @@ def scenario() -> Outcome:
                 continue
             runs = [r.runs[-1] for r in made if len(r.runs) > before[id(r)]]
             seen[name] = runs[0] if len(runs) == 1 else {"error": f"{len(runs)} ragged runs"}
-        seen["prefix"] = _cached_prefix_plan(backend, runner, alloc, rtt, sliding_plans, torch)
+        seen["prefix"] = _cached_prefix_plan(backend, runner, alloc, rtt, sliding_plans)
         # paged-only prefill (what piecewise CUDA graphs and SGLANG_FLASHINFER_USE_PAGED take;
         # 0.5.10 has no use_paged: deterministic inference takes the same path)
         setattr(backend, "use_paged" if hasattr(backend, "use_paged") else "enable_deterministic", True)

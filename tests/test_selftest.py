@@ -34,6 +34,10 @@ PINNED = {
                [1017, 1034, 1034, 1034, 1034, 1060, 1060, 1011, 1011, 1046, 1046, 1015]],
     "gemma4": [[1001, 1058, 1006, 1005, 1009, 1023, 1057, 1062, 1027, 1053, 1063, 1016],
                [1037, 1050, 1015, 1060, 1010, 1039, 1007, 1053, 1019, 1019, 1037, 1037]],
+    # transformers 5.19's MiMoV2FlashForCausalLM; releases whose transformers lacks it (sglang
+    # 0.5.10-0.5.22) compute the same tokens with the target's own forward
+    "mimo_v2": [[1052, 1015, 1027, 1055, 1018, 1017, 1039, 1014, 1060, 1042, 1048, 1059],
+                [1055, 1045, 1017, 1044, 1024, 1031, 1020, 1018, 1013, 1039, 1036, 1060]],
 }
 # The command's tests: 2 requests of 60 tokens, 12 new tokens.
 TINY = command.Protocol(requests=2, prompt_len=60, new_tokens=12, check_requests=2)
@@ -100,13 +104,18 @@ def test_a_saved_target_holds_the_weights_of_its_reference(name, saved):
     with open(os.path.join(target, "config.json")) as f:
         cfg = json.load(f)
     assert cfg["architectures"] == [t.ARCHITECTURE]
-    size = cfg.get("text_config", cfg).get("attention_chunk_size" if t.LABEL == "chunk" else "sliding_window")
+    text = cfg.get("text_config", cfg)
+    size = text.get("attention_chunk_size") if t.LABEL == "chunk" else text.get("sliding_window", text.get("sliding_window_size"))
     assert size == t.SIZE
-    assert (draft is not None) == t.HAS_DRAFT
-    if draft:
+    kind = targets.draft_kind(t)
+    assert (draft is not None) == (kind is not None)
+    if kind == "eagle3":
         with open(os.path.join(draft, "config.json")) as f:
             assert json.load(f)["architectures"] == ["LlamaForCausalLMEagle3"]
-    served = {k.removeprefix("language_model."): v.float() for k, v in load_file(os.path.join(target, "model.safetensors")).items()}
+    elif kind == "mtp":  # the MTP layers are in the target's own checkpoint, which is the draft path
+        assert draft == target and cfg["num_nextn_predict_layers"] >= 1
+    served = {k.removeprefix("language_model."): v.float() for k, v in load_file(os.path.join(target, "model.safetensors")).items()
+              if not k.startswith("model.mtp.")}
     ref = t.hf_model().state_dict()
     shared = set(served) & set(ref)
     assert len(shared) >= 0.9 * len(served), sorted(set(served) - shared)
@@ -131,14 +140,15 @@ from sglang_swa_plugin.selftest import rows, server
 opts = rows.sglang_options()
 parser = argparse.ArgumentParser()
 ServerArgs.add_cli_args(parser)
-paths = {"gptoss": (TARGET, DRAFT), "gemma4": (TARGET, None)}
+paths = {"gptoss": (TARGET, DRAFT), "gemma4": (TARGET, None), "mimo_v2": (TARGET, TARGET, "mtp", ("--trust-remote-code",))}
 parsed = {}
 for cap in ((9, 0), (10, 0)):
-    for p in rows.plan(paths, rows.BACKENDS, cap, opts, stock=True, graphs_off=True):
+    for p in rows.plan(paths, rows.BACKENDS, cap, opts, stock=True, graphs_off=True, small_pool=True):
         if p.args is not None:
             a = parser.parse_args(p.args)  # exits on an option this sglang does not have
             parsed[f"{cap[0]}:{p.row.key}"] = [a.attention_backend, a.decode_attention_backend,
-                                                a.prefill_attention_backend, a.speculative_eagle_topk]
+                                                a.prefill_attention_backend, a.speculative_eagle_topk,
+                                                a.speculative_algorithm, a.max_total_tokens, a.trust_remote_code]
 
 def raised(argv):
     try:
@@ -182,13 +192,18 @@ def test_sglang_options_come_from_its_parser(sglang_side):
 @pytest.mark.cli  # a child process importing sglang's ServerArgs (11-17 s): on the CLI releases only
 def test_every_planned_row_is_read_by_sglangs_own_parser(sglang_side):
     parsed = sglang_side["parsed"]
-    assert parsed["9:gptoss/fa3/k2/plugin"] == ["fa3", None, None, 2]
-    assert parsed["9:gptoss/trtllm_mha/plain/eager/stock"] == [None, "trtllm_mha", "fa3", None]
-    assert parsed["10:gptoss/trtllm_mha/k1/plugin"] == ["trtllm_mha", None, None, 1]
+    assert parsed["9:gptoss/fa3/k2/plugin"] == ["fa3", None, None, 2, "EAGLE3", 16384, False]
+    assert parsed["9:gptoss/trtllm_mha/plain/eager/small/stock"] == [None, "trtllm_mha", "fa3", None, None, 4096, False]
+    assert parsed["10:gptoss/trtllm_mha/k1/plugin"] == ["trtllm_mha", None, None, 1, "EAGLE3", 16384, False]
+    assert parsed["9:mimo_v2/triton/mtp/eager/small/plugin"] == ["triton", None, None, 1, "EAGLE", 4096, True]
+    assert parsed["9:mimo_v2/fa3/nextn/plugin"] == ["fa3", None, None, 1, "NEXTN", 16384, True]
     assert "10:gptoss/fa3/plain/plugin" not in parsed  # fa3: Hopper only
     assert not [k for k in parsed if k.split(":")[1].startswith("gemma4/") and "/plain/" not in k]  # no draft
-    # (gptoss: 4 backends x 3 modes, gemma4: 4 backends) x plugin/stock x graphs on/off; sm100 without fa3
-    assert len(parsed) == (12 + 4) * 4 + (12 + 4 - 4) * 4
+    assert not [k for k in parsed if "gptoss/" in k and ("/mtp/" in k or "/nextn/" in k)]  # no MTP layers
+    assert not [k for k in parsed if "mimo_v2/" in k and ("/k1/" in k or "/k2/" in k)]  # no EAGLE3 draft
+    # (gptoss: 4 backends x 3 modes, gemma4: 4 backends, mimo_v2: 4 x 3) x plugin/stock x graphs on/off
+    # x large/small pool; sm100 without fa3
+    assert len(parsed) == (12 + 4 + 12) * 8 + (12 + 4 + 12 - 7) * 8
 
 
 @pytest.mark.cli  # a child process importing sglang's ServerArgs (11-17 s): on the CLI releases only
@@ -237,6 +252,17 @@ def test_rows_for_a_gpu_capability():
     eager = {p.row.key: p.args for p in rows.plan(paths, ["triton"], (9, 0), opts, graphs_off=True)}
     assert eager["gemma4/triton/plain/eager/plugin"][-1] == "--disable-cuda-graph"
     assert "--disable-cuda-graph" not in eager["gemma4/triton/plain/plugin"]
+    # MTP layers in the target's checkpoint: multi-layer EAGLE and NEXTN rows, no EAGLE3 rows; small pools
+    mtp = {p.row.key: p.args for p in rows.plan({"mimo_v2": rows.Saved("/m", "/m", "mtp", ("--trust-remote-code",))},
+                                                ["triton"], (9, 0), opts, small_pool=True)}
+    assert list(mtp) == ["mimo_v2/triton/plain/plugin", "mimo_v2/triton/plain/small/plugin", "mimo_v2/triton/mtp/plugin",
+                         "mimo_v2/triton/mtp/small/plugin", "mimo_v2/triton/nextn/plugin", "mimo_v2/triton/nextn/small/plugin"]
+    small = mtp["mimo_v2/triton/mtp/small/plugin"]
+    assert small[small.index("--max-total-tokens") + 1] == "4096" and "--trust-remote-code" in small
+    assert small[small.index("--speculative-algorithm") + 1] == "EAGLE"
+    assert small[small.index("--speculative-draft-model-path") + 1] == "/m"
+    nextn = mtp["mimo_v2/triton/nextn/plugin"]
+    assert nextn[nextn.index("--speculative-algorithm") + 1] == "NEXTN" and nextn[nextn.index("--max-total-tokens") + 1] == "16384"
 
 
 # -- judging, the matrix and the exit status -------------------------------------------------
@@ -273,13 +299,15 @@ def _args(*argv: str) -> argparse.Namespace:
 
 
 def test_the_command_line():
-    a = _args("--targets", "gptoss,gemma4", "--backends", "triton", "--seeds", "5,6", "--parallel", "3",
-              "--mem-fraction", "0.6", "--stock", "--graphs-off", "--rows", "gptoss/*,gemma4/*/plain/*", "--json")
-    assert (a.cmd, a.targets, a.backends, a.seeds, a.parallel, a.mem_fraction, a.stock, a.graphs_off, a.rows, a.json) == (
-        "selftest", ["gptoss", "gemma4"], ["triton"], [5, 6], 3, 0.6, True, True, ["gptoss/*", "gemma4/*/plain/*"], True)
+    a = _args("--targets", "gptoss,mimo_v2", "--backends", "triton", "--seeds", "5,6", "--parallel", "3",
+              "--mem-fraction", "0.6", "--stock", "--graphs-off", "--small-pool", "--rows", "gptoss/*,mimo_v2/*/plain/*",
+              "--json")
+    assert (a.cmd, a.targets, a.backends, a.seeds, a.parallel, a.mem_fraction, a.stock, a.graphs_off, a.small_pool,
+            a.rows, a.json) == ("selftest", ["gptoss", "mimo_v2"], ["triton"], [5, 6], 3, 0.6, True, True, True,
+                                ["gptoss/*", "mimo_v2/*/plain/*"], True)
     d = _args()
-    assert (d.targets, d.backends, d.seeds, d.stock, d.graphs_off, d.rows, d.out) == (
-        list(targets.NAMES), list(rows.BACKENDS), [1, 2, 3], False, False, [], None)
+    assert (d.targets, d.backends, d.seeds, d.stock, d.graphs_off, d.small_pool, d.rows, d.out) == (
+        ["gptoss", "llama4", "gemma4", "mimo_v2"], list(rows.BACKENDS), [1, 2, 3], False, False, False, [], None)
     for bad in (["--targets", "mixtral"], ["--backends", "fa3,nope"], ["--seeds", "a"], ["--parallel", "0"]):
         with pytest.raises(SystemExit):
             _args(*bad)

@@ -28,14 +28,14 @@ from .. import __version__
 from . import judging, rows, server, targets
 
 DESCRIPTION = (
-    "Run the conformance matrix on this machine's GPU: tiny GPT-OSS, Llama 4 and Gemma 4 targets "
-    "whose sliding-window (or chunked) layers decide their tokens, served by the installed sglang "
-    "with every attention backend it accepts, plain and EAGLE3 (topk 1 and 2), with the plugin "
-    "as configured here (and stock with --stock), each against transformers' float32 output of "
-    "the same weights. Prints the targets' checks, then one line per row. Exit status 1 when a "
-    "plugin row gives other tokens than the model, does not start or crashes; a row that sglang "
-    "refuses for the model and backend is shown as refused and does not count. Needs a CUDA GPU; "
-    "takes minutes (see --parallel).")
+    "Run the conformance matrix on this machine's GPU: tiny GPT-OSS, Llama 4, Gemma 4 and MiMo-V2 "
+    "targets whose sliding-window (or chunked) layers decide their tokens, served by the installed "
+    "sglang with every attention backend it accepts, plain and speculative (EAGLE3 topk 1 and 2; "
+    "MiMo-V2's MTP layers as multi-layer EAGLE and NEXTN), with the plugin as configured here (and "
+    "stock with --stock), each against transformers' float32 output of the same weights. Prints the "
+    "targets' checks, then one line per row. Exit status 1 when a plugin row gives other tokens than "
+    "the model, does not start or crashes; a row that sglang refuses for the model and backend is "
+    "shown as refused and does not count. Needs a CUDA GPU; takes minutes (see --parallel).")
 
 
 class Protocol(NamedTuple):
@@ -103,6 +103,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also run every row without the plugin (stock sglang), for comparison")
     p.add_argument("--graphs-off", action="store_true",
                    help="also run every row with CUDA graphs off (eager)")
+    p.add_argument("--small-pool", action="store_true",
+                   help=f"also run every row with a small KV pool (--max-total-tokens {rows.POOLS['small']}): "
+                        "the requests do not fit at once, sglang retracts and recomputes some")
     p.add_argument("--rows", type=lambda t: [x.strip() for x in t.split(",") if x.strip()], default=[],
                    help="comma list of patterns on row names target/backend/mode[/eager]/plugin|stock "
                         "(e.g. 'gptoss/*/k1/*,llama4/fa3/*'); default: every row")
@@ -258,10 +261,12 @@ def main(args: argparse.Namespace, runner: Optional[Callable] = None, gpu=rows.d
             paths[name] = f"target not available: {why_not}"
         else:
             modules[name] = t
-            paths[name] = t.save(os.path.join(work, "targets"))
+            paths[name] = rows.Saved(*t.save(os.path.join(work, "targets")), targets.draft_kind(t),
+                                     tuple(getattr(t, "SERVER_ARGS", ())))
 
     planned = rows.plan(paths, args.backends, found.capability, options(), stock=args.stock,
-                        graphs_off=args.graphs_off, patterns=args.rows, mem_fraction=args.mem_fraction)
+                        graphs_off=args.graphs_off, patterns=args.rows, mem_fraction=args.mem_fraction,
+                        small_pool=getattr(args, "small_pool", False))
     to_run = [p for p in planned if p.args is not None]
     judged_targets = {p.row.target for p in to_run}
     reqs = _requests(args.seeds, protocol)
@@ -298,7 +303,8 @@ def main(args: argparse.Namespace, runner: Optional[Callable] = None, gpu=rows.d
             chk = checks[name].result()
         except Exception as e:  # noqa: BLE001 - reported as the target's problem
             chk = {"ok": False, "error": f"{type(e).__name__}: {e}"}
-        entry.update(label=t.LABEL, size=t.SIZE, draft=t.HAS_DRAFT, check=chk)
+        entry.update(label=t.LABEL, size=t.SIZE, draft=targets.draft_kind(t), check=chk,
+                     reference=t.reference_source() if hasattr(t, "reference_source") else f"transformers' {t.REFERENCE_CLASS}")
         say(f"  {name:7} {_check_line(t, chk)}")
         if not chk["ok"]:
             report["problems"].append(f"target {name} failed its checks: its rows cannot show a {t.LABEL} error")
@@ -325,8 +331,13 @@ def main(args: argparse.Namespace, runner: Optional[Callable] = None, gpu=rows.d
     return _finish(report, args, say)
 
 
+DRAFTS = {"eagle3": "", "mtp": ", MTP layers as its draft", None: ", no EAGLE3 draft"}
+
+
 def _check_line(t, chk: dict) -> str:
-    head = f"{t.TITLE}, {t.LABEL} {t.SIZE}{'' if t.HAS_DRAFT else ', no EAGLE3 draft'}: "
+    own = getattr(t, "reference_source", None)
+    source = f" (reference: {own()})" if own and not own().startswith("transformers") else ""
+    head = f"{t.TITLE}, {t.LABEL} {t.SIZE}{DRAFTS[targets.draft_kind(t)]}{source}: "
     if "error" in chk:
         return head + f"TARGET CHECK FAILED: {chk['error']}"
     changed = ", ".join(f"{t.LABEL} {w} changes {k}/{chk['of']}" for w, k in sorted(chk["changed"].items()))

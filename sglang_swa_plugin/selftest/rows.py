@@ -1,7 +1,8 @@
 """Which rows the selftest runs, and each row's server arguments: per target, every attention
 backend the installed sglang has and the GPU can run, in plain decode and (targets with an
-EAGLE3 draft) EAGLE3 topk 1 and 2, with the plugin and, where asked, stock; CUDA graphs on
-(sglang's default) and, where asked, off.
+EAGLE3 draft) EAGLE3 topk 1 and 2 or (targets with MTP layers) multi-layer EAGLE and NEXTN,
+with the plugin and, where asked, stock; CUDA graphs on (sglang's default) and, where asked,
+off; a large pool and, where asked, a small one that retracts.
 
 What is decided before a server starts is only what needs no model: the backend is one of
 sglang's ``--attention-backend`` choices, the GPU is new enough for it, the flags exist in this
@@ -19,8 +20,26 @@ from dataclasses import dataclass
 from typing import Iterable, NamedTuple, Optional
 
 BACKENDS = ("fa3", "flashinfer", "triton", "trtllm_mha")
-# EAGLE3 with the target's real-weight draft: topk, steps, draft tokens (as the GPU results)
-MODES = {"plain": None, "k1": (1, 3, 4), "k2": (2, 3, 4)}
+
+
+class Spec(NamedTuple):
+    """A speculative mode: the draft kind it needs, sglang's algorithm, topk, steps, draft tokens."""
+
+    draft: str
+    algorithm: str
+    topk: int
+    steps: int
+    draft_tokens: int
+
+
+# EAGLE3 with the target's real-weight draft (as the GPU results); MTP layers: EAGLE (sglang
+# runs MiMo-V2's MTP layers as multi-layer EAGLE, one layer per step) and NEXTN (one MTP layer,
+# draft decode steps).
+MODES = {"plain": None, "k1": Spec("eagle3", "EAGLE3", 1, 3, 4), "k2": Spec("eagle3", "EAGLE3", 2, 3, 4),
+         "mtp": Spec("mtp", "EAGLE", 1, 3, 4), "nextn": Spec("mtp", "NEXTN", 1, 3, 4)}
+# The pools: "large" holds every request; "small" (--max-total-tokens 4096) holds a third of
+# 32 requests of 194 tokens: sglang retracts and recomputes requests.
+POOLS = {"large": 16384, "small": 4096}
 HOPPER, BLACKWELL = (9, 0), (10, 0)
 
 # Flags that were renamed between releases: the first alternative whose flags this sglang's
@@ -101,11 +120,22 @@ def backend_args(backend: str, capability: tuple, options: SglangOptions):
     return ["--attention-backend", backend], None
 
 
-def eagle3(draft: str, topk: int, steps: int, draft_tokens: int) -> list:
-    """Server arguments for an EAGLE3 draft with real weights (its checkpoint)."""
-    return ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
+def eagle3(draft: str, topk: int, steps: int, draft_tokens: int, algorithm: str = "EAGLE3") -> list:
+    """Server arguments for a draft with real weights (its checkpoint; EAGLE3 unless
+    ``algorithm`` says otherwise)."""
+    return ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft,
             "--speculative-eagle-topk", str(topk), "--speculative-num-steps", str(steps),
             "--speculative-num-draft-tokens", str(draft_tokens)]
+
+
+class Saved(NamedTuple):
+    """A saved target: its checkpoint, its draft's (None: none), the draft's kind (MODES' Spec.draft)
+    and the server arguments it needs (e.g. --trust-remote-code)."""
+
+    target: str
+    draft: Optional[str]
+    draft_kind: Optional[str] = "eagle3"
+    server_args: tuple = ()
 
 
 def exact_base(target: str, total: int = 16384, piecewise: bool = False, swa_ratio: float = 0.25,
@@ -125,20 +155,21 @@ def exact_base(target: str, total: int = 16384, piecewise: bool = False, swa_rat
 
 @dataclass(frozen=True)
 class Row:
-    """One server of the matrix: a target, an attention backend, a mode (``plain``, ``k1``,
-    ``k2``), with the plugin or stock, CUDA graphs on or off."""
+    """One server of the matrix: a target, an attention backend, a mode (a key of MODES), with
+    the plugin or stock, CUDA graphs on or off, a large or a small pool."""
 
     target: str
     backend: str
     mode: str
     plugin: bool
     graphs: bool = True
+    pool: str = "large"
 
     @property
     def key(self) -> str:
-        """``target/backend/mode[/eager]/plugin|stock``: what ``--rows`` patterns match."""
+        """``target/backend/mode[/eager][/small]/plugin|stock``: what ``--rows`` patterns match."""
         return "/".join([self.target, self.backend, self.mode, *([] if self.graphs else ["eager"]),
-                         "plugin" if self.plugin else "stock"])
+                         *([] if self.pool == "large" else [self.pool]), "plugin" if self.plugin else "stock"])
 
 
 class Planned(NamedTuple):
@@ -149,39 +180,41 @@ class Planned(NamedTuple):
 
 def plan(targets: dict, backends: Iterable[str], capability: Optional[tuple], options: SglangOptions,
          stock: bool = False, graphs_off: bool = False, patterns: Iterable[str] = (),
-         mem_fraction: float = 0.85) -> list:
+         mem_fraction: float = 0.85, small_pool: bool = False) -> list:
     """The rows, in order, each with its server arguments or why it is not run. ``targets``:
-    ``{name: (target dir, draft dir or None) or a reason the target is not available}`` (an
+    ``{name: Saved (or a tuple of its fields) or a reason the target is not available}`` (an
     unavailable target has no rows: the target checks say why); ``capability``: the GPU's
     (None: no GPU); ``patterns``: ``--rows`` (fnmatch on Row.key, empty: every row)."""
     patterns = list(patterns)
     out = []
-    for name, paths in targets.items():
-        if isinstance(paths, str):
+    for name, saved in targets.items():
+        if isinstance(saved, str):
             continue
-        target, draft = paths
+        saved = Saved(*saved)
         for backend in backends:
             for mode, spec in MODES.items():
+                if spec is not None and (saved.draft is None or spec.draft != saved.draft_kind):
+                    continue  # the target has no draft of this kind: no such rows (said once per target)
                 for graphs in (True, False) if graphs_off else (True,):
-                    for plugin in (True, False) if stock else (True,):
-                        row = Row(name, backend, mode, plugin, graphs)
-                        if patterns and not any(fnmatch.fnmatchcase(row.key, p) for p in patterns):
-                            continue
-                        if spec is not None and draft is None:
-                            continue  # no draft: no speculative rows (said once per target)
-                        out.append(_planned(row, target, draft, spec, capability, options, mem_fraction))
+                    for pool in ("large", "small") if small_pool else ("large",):
+                        for plugin in (True, False) if stock else (True,):
+                            row = Row(name, backend, mode, plugin, graphs, pool)
+                            if patterns and not any(fnmatch.fnmatchcase(row.key, p) for p in patterns):
+                                continue
+                            out.append(_planned(row, saved, spec, capability, options, mem_fraction))
     return out
 
 
-def _planned(row: Row, target: str, draft: Optional[str], spec, capability, options, mem_fraction) -> Planned:
+def _planned(row: Row, saved: Saved, spec: Optional[Spec], capability, options, mem_fraction) -> Planned:
     if capability is None:
         return Planned(row, None, "no CUDA GPU")
     args, why_not = backend_args(row.backend, capability, options)
     if args is None:
         return Planned(row, None, why_not)
-    args = exact_base(target, mem_fraction=mem_fraction, flags=options.flags) + args
+    args = exact_base(saved.target, POOLS[row.pool], mem_fraction=mem_fraction, flags=options.flags) + args
+    args += list(saved.server_args)
     if spec is not None:
-        args += eagle3(draft, *spec)
+        args += eagle3(saved.draft, spec.topk, spec.steps, spec.draft_tokens, spec.algorithm)
     if not row.graphs:
         eager = pick(options.flags, EAGER)
         if eager is None:

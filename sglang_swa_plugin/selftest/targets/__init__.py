@@ -5,7 +5,10 @@ own model class on the CPU. ``readout`` holds the shared design; each target mod
 ``TITLE``, ``ARCHITECTURE`` (the class sglang serves), ``REFERENCE_CLASS`` (transformers'),
 ``SIZE`` and ``LABEL`` (the window or chunk that decides the tokens), ``HAS_DRAFT`` (an EAGLE3
 draft with real weights), ``save(root) -> (target dir, draft dir or None)`` and
-``hf_model(size, dtype=None)``.
+``hf_model(size, dtype=None)``; optionally ``DRAFT_KIND`` ("mtp": MTP layers in the target's
+own checkpoint, served as its draft; default "eagle3" where HAS_DRAFT), ``SERVER_ARGS`` (what
+sglang needs to load it) and ``OWN_FORWARD`` with ``reference_source()`` (a float32 forward of
+its own where the installed transformers lacks the class).
 
 Importing a target module is cheap (torch, transformers and scipy are imported by its
 functions)."""
@@ -17,7 +20,7 @@ import os
 from types import ModuleType
 from typing import Optional
 
-NAMES = ("gptoss", "llama4", "gemma4")
+NAMES = ("gptoss", "llama4", "gemma4", "mimo_v2")
 
 
 def load(name: str) -> ModuleType:
@@ -45,11 +48,19 @@ def sglang_serves(architecture: str) -> bool:
     return False
 
 
+def draft_kind(target: ModuleType) -> Optional[str]:
+    """"eagle3", "mtp" or None: the target's draft (rows.MODES picks the speculative rows by it)."""
+    return getattr(target, "DRAFT_KIND", "eagle3" if target.HAS_DRAFT else None)
+
+
 def unavailable(target: ModuleType) -> Optional[str]:
     """Why ``target`` cannot be tested here (None: it can): sglang has no such model, or the
-    installed transformers has no class for its float32 reference."""
+    installed transformers has no class for its float32 reference (and the target has no
+    forward of its own)."""
     if not sglang_serves(target.ARCHITECTURE):
         return f"the installed sglang has no {target.ARCHITECTURE}"
+    if getattr(target, "OWN_FORWARD", False):
+        return None
     from . import readout
 
     readout.hide_broken_torchvision()

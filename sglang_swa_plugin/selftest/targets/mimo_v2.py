@@ -65,9 +65,13 @@ MTP_LAYERS = 3  # num_nextn_predict_layers (MiMo-V2-Flash's); multi-layer EAGLE 
 SEED = 29
 
 # What the selftest reads of a target (see gptoss): the MTP layers live inside the target's
-# checkpoint (no separate EAGLE3 draft): sglang serves them with the target's path as draft path.
+# checkpoint (no separate EAGLE3 draft): sglang serves them with the target's path as draft path
+# (DRAFT_KIND "mtp"); the config class comes with the checkpoint (SERVER_ARGS). OWN_FORWARD:
+# where transformers has no MiMoV2FlashForCausalLM (before 5.19), the reference and the checks
+# use this module's forward, whose logits equal that class's (tests/test_mimo_v2_target.py).
 TITLE, ARCHITECTURE, REFERENCE_CLASS = "MiMo-V2", "MiMoV2FlashForCausalLM", "MiMoV2FlashForCausalLM"
 SIZE, LABEL, HAS_DRAFT, HAS_MTP = WINDOW, "window", False, True
+DRAFT_KIND, SERVER_ARGS, OWN_FORWARD = "mtp", ("--trust-remote-code",), True
 
 CONFIG_PY = '''from transformers import PretrainedConfig
 
@@ -224,10 +228,13 @@ def save(root: str, seed: int = SEED) -> tuple:
 
 def hf_model(window: int = WINDOW, dtype=None, seed: int = SEED):
     """transformers' MiMoV2FlashForCausalLM with the served (bf16-rounded) weights, float32 by
-    default, eager attention (its sliding-window mask and sinks)."""
+    default, eager attention (its sliding-window mask and sinks); where transformers has no such
+    class, this module's forward of the same weights in ``dtype`` (reference_source says which)."""
     import torch
 
-    readout.hide_broken_torchvision()
+    if not has_reference_class():
+        sd = {k: v.to(torch.bfloat16).float().to(dtype or torch.float32) for k, v in weights(seed).items()}
+        return _Emulated(sd, window)
     from transformers import MiMoV2FlashForCausalLM
 
     cfg = config(window)
@@ -248,7 +255,7 @@ def _rms(x, w):
 
 
 def _layer(sd: dict, p: str, x, window, nkv: int, sink: bool):
-    """One MiMo-V2 decoder layer in float32 (x: [B, T, H], positions 0 .. T-1): RMSNorm, q/k/v,
+    """One MiMo-V2 decoder layer in x's dtype (x: [B, T, H], positions 0 .. T-1): RMSNorm, q/k/v,
     partial neox RoPE on the first 64 dims, v times the value scale, GQA with a causal mask of
     ``window`` keys (None: all), the optional sink, o; then the dense MLP."""
     import torch
@@ -261,7 +268,7 @@ def _layer(sd: dict, p: str, x, window, nkv: int, sink: bool):
     rot = int(HEAD_DIM * ROTARY)
     inv = 1.0 / THETA ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot)
     ang = torch.arange(t, dtype=torch.float32)[:, None] * inv
-    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    cos, sin = (torch.cat([f(ang)] * 2, -1).to(x.dtype) for f in (torch.cos, torch.sin))
 
     def rope(z):
         r, rest = z[..., :rot], z[..., rot:]
@@ -316,7 +323,8 @@ def mtp_forward32(sd: dict, mtp: dict, ids, hidden, step: int = 0, window: int =
 
 
 class _Emulated:
-    """forward32 as a model readout.greedy can call (``model(input_ids=...).logits``)."""
+    """forward32 as a model readout.greedy can call (``model(input_ids=...).logits``), in the
+    dtype of ``sd``'s tensors."""
 
     def __init__(self, sd: dict, window: int):
         self.sd, self.window = sd, window
@@ -325,6 +333,9 @@ class _Emulated:
         from types import SimpleNamespace
 
         return SimpleNamespace(logits=forward32(self.sd, input_ids, self.window)[0])
+
+    def state_dict(self) -> dict:
+        return dict(self.sd)
 
 
 def has_reference_class() -> bool:
@@ -336,6 +347,16 @@ def has_reference_class() -> bool:
         return True
     except Exception:  # noqa: BLE001 - absent or not importable
         return False
+
+
+def reference_source() -> str:
+    """What the float32 reference is computed with here."""
+    if has_reference_class():
+        return f"transformers' {REFERENCE_CLASS}"
+    import transformers
+
+    return (f"this target's own float32 forward (transformers {transformers.__version__} has no {REFERENCE_CLASS}; "
+            "the forward's logits equal that class's in the plugin's tests)")
 
 
 def reference(seeds, n: int = 32, length: int = 130, max_new: int = 64, window: int = WINDOW,

@@ -101,6 +101,7 @@ BUILTIN_MODULES = (
     "sglang_swa_plugin.hooks.one_pool_draft_extend",
     "sglang_swa_plugin.hooks.triton_one_pool_window",
     "sglang_swa_plugin.hooks.swa_one_chunked_prefill",
+    "sglang_swa_plugin.hooks.mimo_v2_window",
 )
 
 

@@ -387,3 +387,22 @@ def test_the_selftest_fails_when_nothing_was_served(tmp_path, llama4_ref, capsys
     args = _args("--targets", "llama4", "--out", str(tmp_path))
     assert command.main(args, runner=Runner(llama4_ref), gpu=lambda: None, protocol=TINY, threads=1) == 1
     assert "PROBLEM: no CUDA GPU" in capsys.readouterr().out
+
+
+def test_a_plugin_row_that_stops_as_stock_does_is_sglangs_own_failure(tmp_path, llama4_ref, capsys):
+    """A plugin row that did not start or crashed gets its stock twin run after the matrix;
+    the same state and error without the plugin is sglang's failure (no failure of the
+    plugin), anything else stays the plugin row's failure."""
+    boom = {"state": "did not start", "error": "TypeError: forward_decode() got an unexpected keyword argument 'sinks'"}
+    ima = {"state": "crashed while serving", "error": "CUDA error: an illegal memory access was encountered"}
+    runner = Runner(llama4_ref, {"llama4_triton_plain_plugin": boom, "llama4_triton_plain_stock": boom,
+                                 "llama4_fa3_k1_plugin": ima})  # fa3 k1 stock: served (the runner's default)
+    assert _selftest(tmp_path, runner, "--backends", "fa3,triton", "--json") == 1
+    report = json.loads(capsys.readouterr().out)
+    rows_ = report["rows"]
+    assert sorted(n for n, _ in runner.calls if n.endswith("_stock")) == ["llama4_fa3_k1_stock", "llama4_triton_plain_stock"]
+    assert rows_["llama4/triton/plain/plugin"]["result"].startswith("did not start without the plugin too")
+    assert not rows_["llama4/triton/plain/plugin"]["failed"]
+    assert rows_["llama4/fa3/k1/plugin"]["failed"] and rows_["llama4/fa3/k1/plugin"]["result"].startswith("CRASHED")
+    assert rows_["llama4/fa3/k1/stock"]["result"] == "exact"
+    assert report["problems"] == ["1 plugin row(s) did not serve the model's tokens on every request"]

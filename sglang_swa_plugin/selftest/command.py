@@ -14,6 +14,7 @@ refused and is no failure; stock rows (``--stock``) never fail."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -312,6 +313,14 @@ def main(args: argparse.Namespace, runner: Optional[Callable] = None, gpu=rows.d
     say.release()
     for f in running:
         f.result()
+    # a plugin row that did not start or crashed: the same row without the plugin, where no
+    # stock row was asked for, tells sglang's own failures from the plugin's
+    twins = [twin for p in to_run if p.row.plugin and results[p.row.key].get("state") in judging.STOPPED
+             and (twin := _stock_twin(p)).row.key not in results]
+    if twins:
+        say(f"  {len(twins)} plugin row(s) did not serve: the same rows without the plugin")
+    for f in [servers.submit(serve, t) for t in twins]:
+        f.result()
     servers.shutdown()
     references = {}
     for name, f in refs.items():
@@ -322,7 +331,10 @@ def main(args: argparse.Namespace, runner: Optional[Callable] = None, gpu=rows.d
     cpu.shutdown()
 
     for p in planned:
-        report["rows"][p.row.key] = _row_entry(p, results.get(p.row.key), references.get(p.row.target), protocol)
+        stock = results.get(_stock_twin(p).row.key) if p.row.plugin else None
+        report["rows"][p.row.key] = _row_entry(p, results.get(p.row.key), references.get(p.row.target), protocol, stock)
+    for t in twins:
+        report["rows"][t.row.key] = _row_entry(t, results.get(t.row.key), references.get(t.row.target), protocol)
     failed = sum(e["failed"] for e in report["rows"].values())
     if failed:
         report["problems"].append(f"{failed} plugin row(s) did not serve the model's tokens on every request")
@@ -345,9 +357,16 @@ def _check_line(t, chk: dict) -> str:
             + ("" if chk["ok"] else "  TARGET CHECK FAILED"))
 
 
-def _row_entry(p: rows.Planned, res: Optional[dict], ref: Optional[list], protocol: Protocol) -> dict:
+def _stock_twin(p: rows.Planned) -> rows.Planned:
+    """The same row without the plugin (same server arguments)."""
+    return rows.Planned(dataclasses.replace(p.row, plugin=False), p.args, p.why_not)
+
+
+def _row_entry(p: rows.Planned, res: Optional[dict], ref: Optional[list], protocol: Protocol,
+               stock: Optional[dict] = None) -> dict:
     """A planned row's entry of the report: not run (and why), or its judged result against the
-    float32 reference ``ref`` with its verdict (``failed``: it makes the exit status 1)."""
+    float32 reference ``ref`` with its verdict (``failed``: it makes the exit status 1);
+    ``stock``: the same row's result without the plugin, where it ran."""
     entry = {"target": p.row.target, "backend": p.row.backend, "mode": p.row.mode, "plugin": p.row.plugin,
              "cuda_graphs": p.row.graphs}
     if p.args is None:
@@ -357,7 +376,7 @@ def _row_entry(p: rows.Planned, res: Optional[dict], ref: Optional[list], protoc
         return {**entry, "state": res.get("state"), "result": "not judged: no float32 reference", "failed": False}
     judged = judging.judge(res, ref, protocol.requests)
     loaded = bool(res.get("plugin_log")) if judged["state"] == judging.SERVED and "plugin_log" in res else None
-    text, failed = judging.verdict(judged, p.row.plugin, loaded)
+    text, failed = judging.verdict(judged, p.row.plugin, loaded, stock)
     return {**entry, **judged, "result": text, "failed": failed}
 
 

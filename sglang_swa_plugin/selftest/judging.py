@@ -9,6 +9,7 @@ from typing import Optional
 
 SERVED = "served"
 REFUSED = "refused by sglang"
+STOPPED = ("did not start", "crashed while serving")  # the states of a row without output
 BANDS = ("0-3", "4-15", "16-31", "32+")
 
 
@@ -49,14 +50,19 @@ def exact(judged: dict) -> bool:
     return judged["state"] == SERVED and all(c["identical"] == c["of"] for c in judged["per_seed"])
 
 
-def verdict(judged: dict, plugin: bool, plugin_loaded: Optional[bool] = None) -> tuple:
+def verdict(judged: dict, plugin: bool, plugin_loaded: Optional[bool] = None,
+            stock: Optional[dict] = None) -> tuple:
     """(result text, failed) of a judged row. A plugin row fails unless it is exact with the
     plugin loaded (``plugin_loaded`` False: no line of the plugin in its log); a row sglang
-    refuses for this model and backend is no failure of the plugin; a stock row never fails:
-    it shows what the plugin is measured against."""
+    refuses for this model and backend is no failure of the plugin, nor is a plugin row that
+    did not start or crashed where the same row without the plugin (``stock``, its result)
+    stops with the same error; a stock row never fails: it shows what the plugin is measured
+    against."""
     state = judged["state"]
     if state == REFUSED:
         return f"{REFUSED}: {judged.get('error')}", False
+    if plugin and state != SERVED and stock and (stock.get("state"), stock.get("error")) == (state, judged.get("error")):
+        return f"{state} without the plugin too (sglang's own failure): {judged.get('error')}", False
     if state != SERVED:
         return f"{state.upper() if plugin else state}: {judged.get('error')}", plugin
     if plugin and plugin_loaded is False:

@@ -2,9 +2,9 @@
 process): a sliding layer's RadixAttention and the model runner's window must attend the keys
 transformers' MiMoV2FlashForCausalLM gives the model (``sliding_window`` keys, the query's own
 included). On the GPU (sglang 0.5.11, the selftest's MiMo-V2 target, fa3 and triton, three
-prompt seeds): stock's tokens are the float32 reference's at window 17, 32/32 of every seed,
-and the same target with the window the fix gives the layers is the window-16 reference's
-(tests/gpu/RESULTS.md)."""
+prompt seeds): stock's tokens are the float32 reference's at window 17, 32/32 of every seed;
+with the fix, the model's (window 16), 32/32 on fa3 and triton, plain and with multi-layer
+EAGLE (tests/gpu/RESULTS.md)."""
 
 from __future__ import annotations
 

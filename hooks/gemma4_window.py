@@ -23,11 +23,9 @@ Delete when
 from __future__ import annotations
 
 import ast
-import functools
-import importlib.util
 
 from sglang_swa_plugin.fix import Detection, Fix, argument, around, hookimpl
-from sglang_swa_plugin.probe import is_attribute
+from sglang_swa_plugin.probe import is_attribute, module_tree
 
 NAME = "gemma4_window"
 MODULE = "sglang.srt.models.gemma4_causal"
@@ -39,18 +37,12 @@ def _config_window(node) -> bool:
     return isinstance(node, ast.Attribute) and node.attr == "sliding_window" and isinstance(node.value, ast.Name)
 
 
-@functools.lru_cache(maxsize=None)
 def _init_tree():
     """``Gemma4Attention.__init__``'s syntax tree, read from the module's file; None where
     this sglang has no Gemma 4 (or no such class)."""
-    try:
-        spec = importlib.util.find_spec(MODULE)
-    except ModuleNotFoundError:
+    module = module_tree(MODULE)
+    if module is None:
         return None
-    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-        return None
-    with open(spec.origin, encoding="utf-8") as f:
-        module = ast.parse(f.read())
     cls = next((n for n in module.body if isinstance(n, ast.ClassDef) and n.name == CLASS), None)
     return next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None) if cls else None
 

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import ast
 import functools
-import importlib.util
 from typing import Optional
 
 from sglang_swa_plugin.fix import Detection, Fix, argument, around, hookimpl, with_argument
+from sglang_swa_plugin.probe import module_tree
 
 NAME = "mimo_v2_window"
 FORMS = (("sglang.srt.models.mimo_v2", "sglang.srt.models.mimo_v2_nextn", "MiMoV2ForCausalLM"),  # 0.5.11+
@@ -37,21 +37,8 @@ TARGETS = tuple(t for module, nextn, model in FORMS
 MODEL_METHOD = "get_attention_sliding_window_size"
 
 
-@functools.lru_cache(maxsize=None)
-def _tree(module: str):
-    """The module's syntax tree, read from its file; None where this sglang has no such module."""
-    try:
-        spec = importlib.util.find_spec(module)
-    except ModuleNotFoundError:
-        return None
-    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-        return None
-    with open(spec.origin, encoding="utf-8") as f:
-        return ast.parse(f.read())
-
-
 def _form() -> Optional[tuple]:
-    return next((form for form in FORMS if _tree(form[0]) is not None), None)
+    return next((form for form in FORMS if module_tree(form[0]) is not None), None)
 
 
 def _window_keywords(tree, cls: str) -> list:
@@ -69,7 +56,7 @@ def classify() -> Detection:
     form = _form()
     if form is None:
         return Detection.not_applicable("this sglang has no MiMo-V2 model")
-    tree = _tree(form[0])
+    tree = module_tree(form[0])
     if any(isinstance(n, ast.FunctionDef) and n.name == MODEL_METHOD for n in ast.walk(tree)):
         return Detection.not_needed(f"MiMo-V2 defines {MODEL_METHOD}")
     values = _window_keywords(tree, "MiMoV2DecoderLayer")
@@ -81,7 +68,7 @@ def classify() -> Detection:
         module, nextn, model = form
         hooks = [around(f"{module}.MiMoV2Attention.__init__", _layer_window),
                  around(f"{module}.{model}.__init__", _runner_window)]
-        if _tree(nextn) is not None:
+        if module_tree(nextn) is not None:
             hooks.append(around(f"{nextn}.MiMoV2MTP.__init__", _runner_window))
         return Detection.needed("MiMo-V2's sliding layers get config.sliding_window_size: one key more than the model",
                                 *hooks)

@@ -31,6 +31,23 @@ def optional_module(name: str) -> Optional[ModuleType]:
         raise ImportFailed(f"cannot import {name}: {type(e).__name__}: {e}") from e
 
 
+@functools.lru_cache(maxsize=None)
+def module_tree(name: str) -> Optional[Any]:
+    """The syntax tree of module ``name``'s source file, read without importing it (a model
+    module imports CUDA-only code); None where this sglang has no such module."""
+    import ast
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except ModuleNotFoundError:
+        return None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    with open(spec.origin, encoding="utf-8") as f:
+        return ast.parse(f.read())
+
+
 def target_class(dotted: str) -> type:
     """The class at ``module.Class``; TargetMissing naming it where it is gone."""
     from .fix import TargetMissing

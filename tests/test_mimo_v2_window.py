@@ -93,6 +93,6 @@ def test_detection_reads_the_installed_layer():
     if form is None:
         assert FIX.detect().verdict is Verdict.NOT_APPLICABLE
         return
-    text = ast.unparse(mw._tree(form[0]))
+    text = ast.unparse(mw.module_tree(form[0]))
     raw = "sliding_window_size=config.sliding_window_size" in text and mw.MODEL_METHOD not in text
     assert (FIX.detect().verdict is Verdict.NEEDED) == raw, FIX.detect().reason

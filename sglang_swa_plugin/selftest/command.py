@@ -9,7 +9,8 @@ identical requests per seed, the accept length of speculative rows, and the verd
 Exit status 1 when a plugin row gives other tokens than the model on any request, does not
 start, crashes, or runs without the plugin loaded; when a target fails its checks; or when no
 plugin row served at all. A row sglang itself refuses for the model and backend is shown as
-refused and is no failure; stock rows (``--stock``) never fail."""
+refused and is no failure, nor is a plugin row that stops the same way without the plugin (run
+then, where no stock row was asked for); stock rows (``--stock``) never fail."""
 
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ DESCRIPTION = (
     "MiMo-V2's MTP layers as multi-layer EAGLE and NEXTN), with the plugin as configured here (and "
     "stock with --stock), each against transformers' float32 output of the same weights. Prints the "
     "targets' checks, then one line per row. Exit status 1 when a plugin row gives other tokens than "
-    "the model, does not start or crashes; a row that sglang refuses for the model and backend is "
-    "shown as refused and does not count. Needs a CUDA GPU; takes minutes (see --parallel).")
+    "the model, does not start or crashes; a row that sglang refuses for the model and backend, or "
+    "that stops the same way without the plugin, is shown as such and does not count. Needs a CUDA "
+    "GPU; takes minutes (see --parallel).")
 
 
 class Protocol(NamedTuple):
@@ -108,7 +110,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"also run every row with a small KV pool (--max-total-tokens {rows.POOLS['small']}): "
                         "the requests do not fit at once, sglang retracts and recomputes some")
     p.add_argument("--rows", type=lambda t: [x.strip() for x in t.split(",") if x.strip()], default=[],
-                   help="comma list of patterns on row names target/backend/mode[/eager]/plugin|stock "
+                   help="comma list of patterns on row names target/backend/mode[/eager][/small]/plugin|stock "
                         "(e.g. 'gptoss/*/k1/*,llama4/fa3/*'); default: every row")
     p.add_argument("--out", default=None,
                    help="folder for the server logs and the targets (default: a new temporary folder)")

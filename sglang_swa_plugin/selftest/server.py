@@ -183,7 +183,9 @@ def run(name, out, args, env, reqs, max_new, concurrency=32, rounds=1, start_tim
     while serving" (the server died, or a request failed or came back without output) or
     "served"; only a served row has outputs to judge, and ``error`` is the one line that stopped
     the others. ``plugin_log``: the plugin's own lines (none: the plugin was not loaded). A start
-    that failed for a reason of the harness (a port taken) is retried once."""
+    that failed for a reason of the harness (a port taken) is retried once. Its log is
+    ``out/<name>.log``, its outputs ``out/<name>.outputs.json``, its result a line of
+    ``out/runs.jsonl``."""
     srv = Server(name, out, args, env)
     res = {"name": name, "args": args, "env": env}
     try:
@@ -227,6 +229,9 @@ def run(name, out, args, env, reqs, max_new, concurrency=32, rounds=1, start_tim
         srv.stop()
         with open(os.path.join(out, "runs.jsonl"), "a") as f:  # partial results survive a timeout
             f.write(json.dumps({k: v for k, v in res.items() if k != "outputs"}) + "\n")
+        if res.get("outputs") is not None:  # the tokens, for a triage beyond the verdict
+            with open(os.path.join(out, f"{name}.outputs.json"), "w") as f:
+                json.dump(res["outputs"], f)
     return res
 
 

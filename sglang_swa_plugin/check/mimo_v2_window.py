@@ -37,9 +37,10 @@ def _dp_attention_of_one(hidden_size: int) -> None:
     dp = optional_module("sglang.srt.layers.dp_attention")
     if dp is None or getattr(dp, "_ATTN_DP_SIZE", 0) is not None or not hasattr(dp, "initialize_dp_attention"):
         return
-    from sglang.srt.server_args import get_global_server_args
-
-    dp.initialize_dp_attention(get_global_server_args(), SimpleNamespace(hidden_size=hidden_size, dtype=torch.bfloat16))
+    # the fields it reads, for one CPU process (the process's published server args may be
+    # another scenario's, with no device)
+    one = SimpleNamespace(enable_dp_attention=False, dp_size=1, moe_dense_tp_size=None, attn_cp_size=1, device="cpu")
+    dp.initialize_dp_attention(one, SimpleNamespace(hidden_size=hidden_size, dtype=torch.bfloat16))
 
 
 def _build(cls, config, seen: dict):

@@ -27,9 +27,13 @@ def _runner_window(model, window: int):
     return model.get_attention_sliding_window_size() if hasattr(model, "get_attention_sliding_window_size") else window
 
 
-def _dp_attention_of_one(hidden_size: int) -> None:
+def _dp_attention_of_one(config) -> None:
     """Releases whose model layers read the attention data-parallel sizes at build time
-    (0.5.11): sglang's own initialisation for one process without DP attention, once."""
+    (0.5.11+ where not yet set): sglang's own initialisation for one CPU process without DP
+    attention, once. The process's published server args, on the CPU (another scenario may
+    have published them without a device)."""
+    import copy
+
     import torch
 
     from sglang_swa_plugin.probe import optional_module
@@ -37,10 +41,12 @@ def _dp_attention_of_one(hidden_size: int) -> None:
     dp = optional_module("sglang.srt.layers.dp_attention")
     if dp is None or getattr(dp, "_ATTN_DP_SIZE", 0) is not None or not hasattr(dp, "initialize_dp_attention"):
         return
-    # the fields it reads, for one CPU process (the process's published server args may be
-    # another scenario's, with no device)
-    one = SimpleNamespace(enable_dp_attention=False, dp_size=1, moe_dense_tp_size=None, attn_cp_size=1, device="cpu")
-    dp.initialize_dp_attention(one, SimpleNamespace(hidden_size=hidden_size, dtype=torch.bfloat16))
+    from sglang.srt.server_args import get_global_server_args
+
+    args = copy.copy(get_global_server_args())  # no __post_init__: the same fields
+    args.device = "cpu"
+    dp.initialize_dp_attention(args, SimpleNamespace(hf_config=config, hidden_size=config.hidden_size,
+                                                     dtype=torch.bfloat16))
 
 
 def _build(cls, config, seen: dict):
@@ -84,7 +90,7 @@ def scenario() -> Outcome:
     _tensor_parallel_of_one()
     config = PretrainedConfig(**mimo_v2.sglang_config())
     config.encoder_only = False
-    _dp_attention_of_one(config.hidden_size)
+    _dp_attention_of_one(config)
     window = config.sliding_window_size
     seen, bug = {}, False
     models = {"target": _build(getattr(module, model_class), config, seen)}

@@ -102,6 +102,7 @@ BUILTIN_MODULES = (
     "sglang_swa_plugin.hooks.triton_one_pool_window",
     "sglang_swa_plugin.hooks.swa_one_chunked_prefill",
     "sglang_swa_plugin.hooks.mimo_v2_window",
+    "sglang_swa_plugin.hooks.swa_write_loc",
 )
 
 

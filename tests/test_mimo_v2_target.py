@@ -83,10 +83,10 @@ def test_checkpoint_loads_into_sglangs_models(tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
-    from sglang_swa_plugin.check.gemma4_window import _tensor_parallel_of_one
+    from sglang_swa_plugin.check.testbed import tensor_parallel_of_one
     from sglang_swa_plugin.probe import swapped
 
-    _tensor_parallel_of_one()
+    tensor_parallel_of_one()
     import sglang.srt.models.mimo_v2 as sm
     import sglang.srt.models.mimo_v2_nextn as sn
 

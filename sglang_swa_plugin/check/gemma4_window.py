@@ -9,62 +9,14 @@ all three agree on every sliding layer, and full layers have no window.
 
 from __future__ import annotations
 
-import inspect
-import socket
-
 from . import Outcome, print_outcome
+from .testbed import tensor_parallel_of_one
 
 MODULE = "sglang.srt.models.gemma4_causal"
 WINDOW = 16
 HEAD_DIM, MAX_POSITIONS = 16, 128
 LAYER_TYPES = ("sliding_attention", "full_attention")
 QUERY = 40  # a position far past the window
-
-
-def _tensor_parallel_of_one() -> None:
-    """sglang's parallel groups for one CPU process (gloo) and its server args, once per process."""
-    from sglang.srt.distributed import parallel_state as ps
-
-    from .testbed import make_server_args
-
-    if getattr(ps, "_TP", None) is not None:
-        _ranks_of_one()
-        return
-    make_server_args("gemma4-window-scenario", device="cpu")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ps.init_distributed_environment(backend="gloo", world_size=1, rank=0, local_rank=0,
-                                    distributed_init_method=f"tcp://127.0.0.1:{port}")
-    if "tensor_model_parallel_size" in inspect.signature(ps.initialize_model_parallel).parameters:
-        ps.initialize_model_parallel(tensor_model_parallel_size=1)
-    else:  # 0.5.21+: the widths come from the runtime context (one process: all 1)
-        ps.initialize_model_parallel()
-    _ranks_of_one()
-
-
-def _ranks_of_one() -> None:
-    """Where sglang's runtime context holds the process's ranks and building the groups does
-    not write them (a scheduler's ``publish(..., ranks=...)`` does; layers read
-    ``get_parallel().tp_rank``), state the placement of the only process: every rank 0.
-    Ranks already written, and contexts without unwritten ranks, are left as they are."""
-    try:
-        from sglang.srt.runtime_context import get_parallel
-    except ImportError:
-        return
-    parallel = get_parallel()
-    unwritten = {}
-    for name in dir(type(parallel)):
-        if not name.endswith("_rank") or name == "dp_rank":  # dp_rank: a replica's number, None without DP
-            continue
-        try:
-            getattr(parallel, name)
-        except RuntimeError:  # "parallel name ... has not been written in this process"
-            unwritten[name] = 0
-        except Exception:  # read from elsewhere (e.g. dp_attention's globals, not built here): not stated
-            continue
-    if unwritten:
-        parallel.override_permanently(**unwritten)
 
 
 def _model_keys(config, layer_type: str) -> int:
@@ -117,7 +69,7 @@ def scenario() -> Outcome:
         raise ScenarioUnavailable(f"this sglang has no {MODULE}.Gemma4Attention")
     from transformers import Gemma4TextConfig
 
-    _tensor_parallel_of_one()
+    tensor_parallel_of_one()
     config = Gemma4TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=len(LAYER_TYPES),
                               num_attention_heads=2, num_key_value_heads=1, head_dim=HEAD_DIM, sliding_window=WINDOW,
                               layer_types=list(LAYER_TYPES), max_position_embeddings=MAX_POSITIONS)

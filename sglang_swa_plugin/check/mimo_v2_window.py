@@ -12,7 +12,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from . import Outcome, print_outcome
-from .gemma4_window import QUERY, _model_keys, _sglang_keys, _tensor_parallel_of_one
+from .gemma4_window import QUERY, _model_keys, _sglang_keys
+from .testbed import tensor_parallel_of_one
 
 
 def _runner_window(model, window: int):
@@ -87,7 +88,7 @@ def scenario() -> Outcome:
     if form is None:
         raise ScenarioUnavailable("this sglang has no MiMo-V2 model")
     module, nextn, model_class = form
-    _tensor_parallel_of_one()
+    tensor_parallel_of_one()
     config = PretrainedConfig(**mimo_v2.sglang_config())
     config.encoder_only = False
     _dp_attention_of_one(config)

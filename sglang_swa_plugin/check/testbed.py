@@ -25,6 +25,7 @@ import importlib
 import inspect
 import json
 import os
+import socket
 import tempfile
 from types import SimpleNamespace
 
@@ -517,6 +518,51 @@ class _CpuFlashinferWrapper:
 
     def __init__(self, *args, **kwargs):
         self.args, self.kwargs = args, kwargs
+
+
+def tensor_parallel_of_one() -> None:
+    """sglang's parallel groups for one CPU process (gloo) and its server args, once per process
+    (a scenario that builds sglang's layers or reads their parallel sizes)."""
+    from sglang.srt.distributed import parallel_state as ps
+
+    if getattr(ps, "_TP", None) is not None:
+        _ranks_of_one()
+        return
+    make_server_args("gemma4-window-scenario", device="cpu")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ps.init_distributed_environment(backend="gloo", world_size=1, rank=0, local_rank=0,
+                                    distributed_init_method=f"tcp://127.0.0.1:{port}")
+    if "tensor_model_parallel_size" in inspect.signature(ps.initialize_model_parallel).parameters:
+        ps.initialize_model_parallel(tensor_model_parallel_size=1)
+    else:  # 0.5.21+: the widths come from the runtime context (one process: all 1)
+        ps.initialize_model_parallel()
+    _ranks_of_one()
+
+
+def _ranks_of_one() -> None:
+    """Where sglang's runtime context holds the process's ranks and building the groups does
+    not write them (a scheduler's ``publish(..., ranks=...)`` does; layers read
+    ``get_parallel().tp_rank``), state the placement of the only process: every rank 0.
+    Ranks already written, and contexts without unwritten ranks, are left as they are."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+    except ImportError:
+        return
+    parallel = get_parallel()
+    unwritten = {}
+    for name in dir(type(parallel)):
+        if not name.endswith("_rank") or name == "dp_rank":  # dp_rank: a replica's number, None without DP
+            continue
+        try:
+            getattr(parallel, name)
+        except RuntimeError:  # "parallel name ... has not been written in this process"
+            unwritten[name] = 0
+        except Exception:  # read from elsewhere (e.g. dp_attention's globals, not built here): not stated
+            continue
+    if unwritten:
+        parallel.override_permanently(**unwritten)
 
 
 def _multi_ctas_counter_buffer(device, num_q_heads, max_batch_size):

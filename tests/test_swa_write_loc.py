@@ -59,7 +59,7 @@ def _batch():
     """A real draft batch from ``init_new`` with its SWA locations, and the runner whose allocator
     translated them (releases that keep such locations only)."""
     skip_unless_needed(FIX)
-    runner, _pool, _layer, fb, _positions = scen.build()
+    runner, _pool, _layer, fb, _forwards = scen.build()
     return runner, fb
 
 

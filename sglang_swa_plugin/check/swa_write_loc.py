@@ -19,8 +19,8 @@ SEQ_LENS = (5, 7)
 
 
 def _model(pool, layer, seen: list):
-    """The draft model: keys and values of token t hold ``position + 1`` (the positions of each
-    forward appended to ``seen``); logits favour token 1."""
+    """The draft model: keys and values of token t hold ``position + 1``; each forward appends its
+    ``(out_cache_loc, positions)`` to ``seen``; logits favour token 1."""
     import torch
 
     from sglang.srt.layers.logits_processor import LogitsProcessorOutput
@@ -29,7 +29,7 @@ def _model(pool, layer, seen: list):
         def forward(self, input_ids, positions, forward_batch, **_):
             n = input_ids.shape[0]
             kv = (positions.to(torch.float32) + 1).view(n, 1, 1).expand(n, pool.head_num, pool.head_dim)
-            seen.append(positions.clone())
+            seen.append((forward_batch.out_cache_loc.clone(), positions.clone()))
             pool.set_kv_buffer(layer, forward_batch.out_cache_loc, kv.to(pool.dtype), kv.to(pool.dtype))
             logits = torch.zeros(n, VOCAB)
             logits[:, 1] = 1.0
@@ -41,7 +41,7 @@ def _model(pool, layer, seen: list):
 def build():
     """The draft runner (testbed fields plus what ``_forward_raw`` reads, sglang's own
     ``forward_decode``), the pool, the SWA layer, a draft-decode batch from ``init_new`` and the
-    list of each forward's positions."""
+    list of each forward's ``(out_cache_loc, positions)``."""
     import torch
 
     from sglang.srt.managers.schedule_batch import ModelWorkerBatch
@@ -59,8 +59,8 @@ def build():
                                   is_draft_worker=True, spec_algorithm="EAGLE", topk=TOPK, num_steps=STEPS,
                                   attention_backend="triton")
     layer = tb.swa_layer(pool, runner)
-    positions = []
-    runner.__dict__.update(model=_model(pool, layer, positions), graph_runner=None, hisparse_coordinator=None,
+    forwards = []
+    runner.__dict__.update(model=_model(pool, layer, forwards), graph_runner=None, hisparse_coordinator=None,
                            is_hybrid_swa=True, use_ngram_embedding=False, model_is_mrope=False, support_pp=False,
                            device_timer=None, attn_backend=None)
     runner.forward_decode = ModelRunner.forward_decode.__get__(runner)
@@ -81,7 +81,7 @@ def build():
     batch.reqs = [SimpleNamespace(rid=f"r{i}") for i in range(BATCH)]
     forward_batch = ForwardBatch.init_new(batch, runner)
     forward_batch.positions = seq_lens - 1
-    return runner, pool, layer, forward_batch, positions
+    return runner, pool, layer, forward_batch, forwards
 
 
 def scenario() -> Outcome:
@@ -90,19 +90,17 @@ def scenario() -> Outcome:
     locations, the SWA slots written and the keys found there (or the error)."""
     import torch
 
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
     from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 
+    from ..fix import ScenarioUnavailable
+    from ..hooks.swa_write_loc import FIELD
     from . import testbed as tb
 
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-
-    if "out_cache_loc_swa" not in ForwardBatch.__dataclass_fields__:  # 0.5.13+: another form
-        from ..fix import ScenarioUnavailable
-
-        raise ScenarioUnavailable("sglang.srt.model_executor.forward_batch_info.ForwardBatch keeps no "
-                                  "out_cache_loc_swa (the form this scenario builds)")
-    runner, pool, layer, fb, positions = build()
-    per_step = fb.out_cache_loc.reshape(BATCH, TOPK, STEPS).permute(2, 0, 1).reshape(STEPS, -1)
+    if FIELD not in ForwardBatch.__dataclass_fields__:  # 0.5.13+: another form
+        raise ScenarioUnavailable(f"sglang.srt.model_executor.forward_batch_info.ForwardBatch keeps no {FIELD} "
+                                  "(the form this scenario builds)")
+    runner, pool, layer, fb, forwards = build()
     worker = SimpleNamespace(hot_token_id=None, topk=TOPK, speculative_num_steps=STEPS,
                              speculative_num_draft_tokens=STEPS + 1, draft_runner=runner,
                              draft_attn_backend=SimpleNamespace(attn_backends=[None] * STEPS))
@@ -112,11 +110,11 @@ def scenario() -> Outcome:
     except RuntimeError as e:  # the stale locations' length differs from the step's keys
         return Outcome(True, {"error": f"{type(e).__name__}: {e}"})
     steps = []
-    for i in range(STEPS - 1):  # the last step runs no forward
-        slots = tb.translate(pool, per_step[i])
+    for i, (loc, positions) in enumerate(forwards):  # one forward per draft step but the last
+        slots = tb.translate(pool, loc)
         found = keys[slots, 0, 0].float()
-        want = positions[i].float() + 1  # what the step's forward wrote
-        steps.append({"step": i, "full": per_step[i].tolist(), "swa_slots": slots.tolist(),
+        want = positions.float() + 1  # what the step's forward wrote
+        steps.append({"step": i, "full": loc.tolist(), "swa_slots": slots.tolist(),
                       "keys": found.tolist(), "want": want.tolist(), "ok": bool(torch.equal(found, want))})
     return Outcome(not all(s["ok"] for s in steps), {"steps": steps})
 

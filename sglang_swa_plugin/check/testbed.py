@@ -528,7 +528,7 @@ def tensor_parallel_of_one() -> None:
     if getattr(ps, "_TP", None) is not None:
         _ranks_of_one()
         return
-    make_server_args("gemma4-window-scenario", device="cpu")
+    make_server_args("tensor-parallel-of-one", device="cpu")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -1,10 +1,17 @@
-"""CPU scenario of ``swa_write_loc``: sglang's real eager multi-step draft decode
-(``EagleDraftWorker.draft_forward``) of a draft with sliding-window layers (MiMo-V2's MTP), over a
-real hybrid SWA pool and allocator, its batch built by the real ``ForwardBatch.init_new`` and each
-step run by the real ``ModelRunner._forward_raw`` and ``forward_decode``. The model is a one-layer
-stand-in that writes each token's position into the SWA layer's keys through the pool, as the
-attention backends do. Right: every draft step's keys land at the SWA locations of that step's
-own ``out_cache_loc``.
+"""CPU scenario of ``swa_write_loc``: a multi-step draft decode of a draft with sliding-window layers
+(MiMo-V2's MTP) over a real hybrid SWA pool and allocator whose full and SWA ids differ. Right:
+every draft step writes its sliding layer's keys at the SWA locations of that step's own slice of
+the batch's ``out_cache_loc`` (sglang's ``per_step_draft_out_cache_loc`` layout).
+0.5.10-0.5.12 (the batch keeps the SWA locations): sglang's real ``EagleDraftWorker.draft_forward``,
+its batch from the real ``ForwardBatch.init_new``, each step through the real
+``ModelRunner._forward_raw`` and ``forward_decode``; the model is a one-layer stand-in that writes
+each token's position into the SWA keys through the pool.
+0.5.13+ (the backends' metadata keep them): fa3's real ``FlashAttentionMultiStepBackend`` metadata,
+eager, at CUDA-graph capture of more rows than its SWA write buffer and at a padded replay (the
+step's SWA write locations it holds); triton's real ``TritonMultiStepDraftBackend``, eager and at
+capture, each step's real ``forward_decode`` writing marker keys through the pool (its kernel
+recorded, sglang's Triton index kernels as their torch twins, ``triton_swa_draft`` installed where
+needed for the window rails, as on a server).
 ``python -m sglang_swa_plugin.check.swa_write_loc`` prints one JSON line."""
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from types import SimpleNamespace
 from . import Outcome, print_outcome
 
 BATCH, STEPS, TOPK, VOCAB, HIDDEN = 2, 3, 1, 8, 4
+REQUESTS, GRAPH_TOKENS = 3, 4  # the metadata form's batch, and its CUDA-graph buffers' rows (fewer than 3 steps' ids)
 SEQ_LENS = (5, 7)
 
 
@@ -84,7 +92,7 @@ def build():
     return runner, pool, layer, forward_batch, forwards
 
 
-def scenario() -> Outcome:
+def batch_form() -> Outcome:
     """sglang's eager multi-step draft decode of a sliding-window draft must write each step's keys
     at the SWA locations of that step's own out_cache_loc. ``seen``: per draft step, its full
     locations, the SWA slots written and the keys found there (or the error)."""
@@ -98,8 +106,7 @@ def scenario() -> Outcome:
     from . import testbed as tb
 
     if FIELD not in ForwardBatch.__dataclass_fields__:  # 0.5.13+: another form
-        raise ScenarioUnavailable(f"sglang.srt.model_executor.forward_batch_info.ForwardBatch keeps no {FIELD} "
-                                  "(the form this scenario builds)")
+        raise ScenarioUnavailable(f"sglang.srt.model_executor.forward_batch_info.ForwardBatch keeps no {FIELD}")
     runner, pool, layer, fb, forwards = build()
     worker = SimpleNamespace(hot_token_id=None, topk=TOPK, speculative_num_steps=STEPS,
                              speculative_num_draft_tokens=STEPS + 1, draft_runner=runner,
@@ -117,6 +124,144 @@ def scenario() -> Outcome:
         steps.append({"step": i, "full": loc.tolist(), "swa_slots": slots.tolist(),
                       "keys": found.tolist(), "want": want.tolist(), "ok": bool(torch.equal(found, want))})
     return Outcome(not all(s["ok"] for s in steps), {"steps": steps})
+
+
+def _step_slots(pool, whole, bs, num_steps=STEPS):
+    """Each written step's full locations (sglang's own layout of the draft's batch) and their SWA slots."""
+    from sglang.srt.speculative.eagle_utils import per_step_draft_out_cache_loc
+
+    from . import testbed as tb
+
+    steps = per_step_draft_out_cache_loc(whole, bs, TOPK, num_steps)
+    return [(steps[i], tb.translate(pool, steps[i])) for i in range(num_steps - 1)]
+
+
+def fa3_env():
+    """A real ``FlashAttentionMultiStepBackend`` (topk 1, 3 steps) of a draft runner over a hybrid SWA
+    pool whose full and SWA ids differ, three requests of 20 tokens: (fa3 module, pool, allocator,
+    runner, request rows, the multi-step backend)."""
+    import importlib
+
+    from . import testbed as tb
+
+    fa = importlib.import_module("sglang.srt.layers.attention.flashattention_backend")
+    tb.tensor_parallel_of_one()
+    pool = tb.make_swa_pool(size=256, size_swa=128)
+    allocator = tb.make_swa_allocator(pool)
+    tb.diverge(allocator, 11)
+    rtt = tb.make_req_to_token_pool(size=8, max_context_len=64)
+    runner = tb.make_model_runner(kv_pool=pool, allocator=allocator, req_to_token_pool=rtt, is_draft_worker=True,
+                                  spec_algorithm="EAGLE", topk=TOPK, num_steps=STEPS, attention_backend="fa3")
+    rows, _ = tb.fill_requests(rtt, [tb.alloc_tokens(allocator, 20) for _ in range(3)])
+    with tb._single_rank_parallel():
+        multi = fa.FlashAttentionMultiStepBackend(runner, TOPK, STEPS)
+    return fa, pool, allocator, runner, rows, multi
+
+
+def fa3_form() -> dict:
+    """fa3's multi-step draft metadata: each step's SWA write locations, eager (3 requests), at
+    capture of 3 requests on buffers of 4 rows and at a replay of 2 requests padded to 3."""
+    from ..probe import swapped
+    from . import testbed as tb
+
+    fa, pool, allocator, runner, rows, multi = fa3_env()
+    out = {}
+    for phase, requests in (("eager", REQUESTS), ("capture", REQUESTS), ("replay", REQUESTS - 1)):
+        if phase == "capture":
+            multi.init_cuda_graph_state(GRAPH_TOKENS, GRAPH_TOKENS)
+        whole = tb.alloc_tokens(allocator, requests * TOPK * STEPS)
+        fb = tb.make_forward_batch(runner, "draft_decode", req_pool_indices=rows, seq_lens=[10, 12, 14],
+                                   out_cache_loc=whole, attn_backend=multi)  # the replay's batch padded to 3
+        try:
+            if phase == "eager":
+                multi.init_forward_metadata(fb)
+            else:  # the graph metadata's Triton kernel (page tables, lengths: not judged here) stood in for by a no-op
+                with swapped(fa, "normal_decode_set_metadata", lambda *a, **k: None):
+                    multi.init_forward_metadata_out_graph(fb, **({"in_capture": True} if phase == "capture" else {}))
+        except RuntimeError as e:  # the whole batch's locations copied into a step's buffer
+            out[phase] = {"right": False, "error": f"{type(e).__name__}: {e}"[:200]}
+            continue
+        steps = []
+        for (_, slots), be in zip(_step_slots(pool, whole, requests), multi.attn_backends):
+            held = be.forward_metadata.swa_out_cache_loc
+            steps.append({"held": held.tolist(), "want": slots.tolist(),
+                          "right": held[:requests].tolist() == slots.tolist() and not held[requests:].any().item()})
+        out[phase] = {"right": all(x["right"] for x in steps), "steps": steps}
+    return out
+
+
+def triton_form() -> dict:
+    """triton's multi-step draft decode: each step's ``forward_decode`` of the sliding layer writes
+    marker keys (step + 1); where they land, eager and at capture of 3 requests on buffers of 4 rows."""
+    import contextlib
+
+    from ..core import temporarily_installed
+    from ..fix import Verdict
+    from ..hooks import triton_swa_draft
+    from . import triton_swa_draft as tri
+
+    env = tri.build()
+    torch, layer, pool = env.torch, env.swa_layer, env.pool
+    keys = pool.get_key_buffer(layer.layer_id)
+    out = {}
+    with contextlib.ExitStack() as stack:
+        if triton_swa_draft.FIX.detect().verdict is Verdict.NEEDED:  # the window rails, as on a server
+            stack.enter_context(temporarily_installed(triton_swa_draft.FIX))
+        for phase in ("eager", "capture"):
+            multi, calls = tri._multi(env), []
+            for be in multi.attn_backends:
+                stack.enter_context(tri.cpu_triton(be, calls))
+            fb = tri._decode_batch(env, multi, tri.PREFIXES)
+            whole = env.tb.alloc_tokens(env.runner.token_to_kv_pool_allocator, fb.batch_size * TOPK * tri.NUM_STEPS)
+            fb.out_cache_loc = whole
+            if phase == "eager":
+                multi.init_forward_metadata(fb)
+            else:
+                multi.init_cuda_graph_state(GRAPH_TOKENS, GRAPH_TOKENS)
+                multi.init_forward_metadata_out_graph(fb, in_capture=True)
+            steps = []
+            for i, ((loc, slots), be) in enumerate(zip(_step_slots(pool, whole, fb.batch_size, tri.NUM_STEPS),
+                                                       multi.attn_backends)):
+                fb.out_cache_loc = loc
+                rows = fb.batch_size
+                q = torch.zeros(rows, layer.tp_q_head_num * layer.qk_head_dim)
+                kv = torch.full((rows, layer.tp_k_head_num, layer.qk_head_dim), float(i + 1), dtype=keys.dtype)
+                keys.zero_()
+                try:
+                    be.forward_decode(q, kv, kv.clone(), layer, fb)
+                except (AssertionError, RuntimeError) as e:  # no SWA locations / another length
+                    steps.append({"step": i, "right": False, "error": f"{type(e).__name__}: {e}"[:200]})
+                    continue
+                found = keys[slots, 0, 0].float()
+                steps.append({"step": i, "slots": slots.tolist(), "keys": found.tolist(),
+                              "right": bool((found == i + 1).all())})
+            out[phase] = {"right": all(x["right"] for x in steps), "steps": steps}
+    return out
+
+
+def metadata_form() -> Outcome:
+    """0.5.13+: the fa3 and triton multi-step draft backends of this sglang that take their SWA write
+    locations from the whole batch (the form the fix reads; upstream's per-step forms use their own
+    batch layout at replay)."""
+    from ..fix import ScenarioUnavailable
+    from ..hooks.swa_write_loc import BACKENDS, _writes_metadata_locations
+
+    forms = {"flashattention_backend": fa3_form, "triton_backend": triton_form}
+    seen = {m.split("_")[0]: forms[m]() for m in BACKENDS if _writes_metadata_locations(m)}
+    if not seen:
+        raise ScenarioUnavailable("no fa3 or triton draft step takes its SWA write locations from the whole batch here")
+    return Outcome(not all(phase["right"] for backend in seen.values() for phase in backend.values()), seen)
+
+
+def scenario() -> Outcome:
+    """sglang's multi-step draft decode of a sliding-window draft must write each step's keys at the
+    SWA locations of that step's own out_cache_loc: the batch's form (0.5.10-0.5.12) or the
+    metadata's (0.5.13+)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+    from ..hooks.swa_write_loc import FIELD
+
+    return batch_form() if FIELD in ForwardBatch.__dataclass_fields__ else metadata_form()
 
 
 def reproduce() -> bool:

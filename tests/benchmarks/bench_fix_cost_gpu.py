@@ -473,6 +473,72 @@ def _triton_draft_extend(bs):
     return Pair(Side(graph, refresh), Side(graph, refresh, [fix]), "fix-off", same_output=True)
 
 
+@row("swa_write_loc", "draft decode (multi-step, 3 steps writing a sliding layer's KV), triton 0.5.13+",
+     "swa_write_loc_triton")
+def _swa_write_loc_triton(bs):
+    """Each draft step's forward_decode with its KV write (the multi-step triton draft of a
+    sliding-window draft). Reference: every step's metadata handed its own SWA write locations
+    before the capture (right by construction, upstream 0.5.23's form); fixed: the fix's gather
+    captured with each step. Both with triton_swa_draft (the window rails)."""
+    from graph_steps import graph_api
+    from sglang.srt.speculative.eagle_utils import per_step_draft_out_cache_loc
+
+    t = torch()
+    fix, draft_fix = hook("swa_write_loc").FIX, hook("triton_swa_draft").FIX
+    if not any(h.fn.__name__ == "_triton_step_writes" for h in fix.detect().plan):
+        raise RuntimeError(f"swa_write_loc has no triton step form here: {fix.detect().reason[:120]}")
+    steps = 4  # TritonMultiStepDraftBackend runs steps - 1 backends
+    tb, pool, rtt, runner, ct = triton_parts(bs, 2 * steps)
+    lens = LENGTHS[:bs]
+    whole = runner.token_to_kv_pool_allocator.alloc(bs * steps).to(DEVICE)
+    per_step = per_step_draft_out_cache_loc(whole, bs, 1, steps)
+    lay = layer(0, WINDOW)
+    q = t.randn(bs, HEADS * HEAD_DIM, device=DEVICE, dtype=t.bfloat16)
+    k = t.randn(bs, KV_HEADS, HEAD_DIM, device=DEVICE, dtype=t.bfloat16)
+
+    def side(fixes, own_locations: bool) -> Side:
+        with installed(fixes):
+            with triton_construction(ct) as tri:
+                multi = tri.TritonMultiStepDraftBackend(runner, 1, steps)
+            multi.init_cuda_graph_state(bs, bs)
+            batch = tb.make_forward_batch(runner, "draft_decode", req_pool_indices=list(range(bs)), seq_lens=lens,
+                                          attn_backend=multi, out_cache_loc=whole)
+            to_device(batch)
+            batch.positions = batch.seq_lens.clone()
+            if graph_api(multi) == "out_graph":
+                multi.init_forward_metadata_out_graph(batch, in_capture=True)
+            else:
+                multi.init_forward_metadata_capture_cuda_graph(batch)
+            if own_locations:
+                for i, be in enumerate(multi.attn_backends):
+                    be.forward_metadata.swa_out_cache_loc = pool.translate_loc_from_full_to_swa(per_step[i])
+
+            def forward():  # fresh step views per pass, as sglang's draft_forward makes them
+                outs, views = [], per_step_draft_out_cache_loc(whole, bs, 1, steps)
+                for i, be in enumerate(multi.attn_backends):
+                    batch.out_cache_loc = views[i]
+                    outs.append(be.forward_decode(q, k, k, lay, batch))
+                batch.out_cache_loc = whole
+                return outs
+
+            graph = capture(forward)
+
+            def refresh():
+                batch.out_cache_loc = whole
+                if graph_api(multi) == "out_graph":
+                    multi.init_forward_metadata_out_graph(batch, in_capture=False)
+                else:
+                    multi.init_forward_metadata_replay_cuda_graph(batch, bs)
+
+            refresh()
+            t.cuda.synchronize()
+        return Side(graph, refresh, list(fixes))
+
+    ref = side([draft_fix], True)
+    fixed = side([draft_fix, fix], False)
+    return Pair(ref, fixed, "own locations", note="both write the same KV", same_output=True)
+
+
 # ----------------------------------------------------------------------------- graph input fill
 
 

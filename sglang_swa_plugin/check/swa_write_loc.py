@@ -249,7 +249,8 @@ def metadata_form() -> Outcome:
     forms = {"flashattention_backend": fa3_form, "triton_backend": triton_form}
     seen = {m.split("_")[0]: forms[m]() for m in BACKENDS if _writes_metadata_locations(m)}
     if not seen:
-        raise ScenarioUnavailable("no fa3 or triton draft step takes its SWA write locations from the whole batch here")
+        raise ScenarioUnavailable("no draft step of sglang.srt.layers.attention.flashattention_backend or "
+                                  "triton_backend takes its SWA write locations from the whole batch here")
     return Outcome(not all(phase["right"] for backend in seen.values() for phase in backend.values()), seen)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import ast
 
 from sglang_swa_plugin.fix import Detection, Fix, around, hookimpl
-from sglang_swa_plugin.probe import callee, function_tree, is_attribute, module_tree, nodes, optional_module, own_function
+from sglang_swa_plugin.probe import callee, calls, function_tree, is_attribute, module_tree, nodes, optional_module, own_function
 
 NAME = "swa_write_loc"
 BATCH_MODULE = "sglang.srt.model_executor.forward_batch_info"
@@ -120,8 +120,7 @@ def _writes_metadata_locations(module: str) -> "bool | None":
     if decode is None:
         return None
     reads = any(is_attribute(n, METADATA_FIELD, "forward_metadata") for n in ast.walk(decode))
-    return reads and not any(isinstance(n, (ast.Name, ast.Attribute)) and getattr(n, "id", getattr(n, "attr", None)) == STEP_LAYOUT
-                             for n in nodes(tree))
+    return reads and not calls(tree, frozenset({STEP_LAYOUT}))
 
 
 def _assigns_field(fn) -> bool:

@@ -485,7 +485,7 @@ def _swa_write_loc_triton(bs):
 
     t = torch()
     fix, draft_fix = hook("swa_write_loc").FIX, hook("triton_swa_draft").FIX
-    if not any(h.fn.__name__ == "_triton_step_writes" for h in fix.detect().plan):
+    if not any(h.fn is hook("swa_write_loc")._triton_step_writes for h in fix.detect().plan):
         raise RuntimeError(f"swa_write_loc has no triton step form here: {fix.detect().reason[:120]}")
     steps = 4  # TritonMultiStepDraftBackend runs steps - 1 backends
     tb, pool, rtt, runner, ct = triton_parts(bs, 2 * steps)

@@ -44,7 +44,8 @@ def cpu_triton(backend, calls: list):
         a = signature.bind(*args, **kwargs).arguments
         clone = lambda t: t.clone() if isinstance(t, torch.Tensor) else t
         calls.append({k: clone(a.get(k)) for k in ("kv_indptr", "kv_indices", "window_kv_offsets",
-                                                    "sliding_window_size")})
+                                                    "sliding_window_size", "qo_indptr", "max_len_extend",
+                                                    "custom_mask", "is_causal")})
 
     decode_signature = inspect.signature(backend.decode_attention_fwd)
 
@@ -59,8 +60,10 @@ def cpu_triton(backend, calls: list):
         stack.enter_context(swapped(backend, "decode_attention_fwd", record_decode))
         stack.enter_context(kernel_twins())
         mod = optional_module(MODULE)
-        if not torch.cuda.is_available() and hasattr(mod, "create_flashinfer_kv_indices_triton"):
-            stack.enter_context(swapped(mod, "create_flashinfer_kv_indices_triton", KvIndicesTwin()))
+        # sglang's gather where the triton module has it (0.5.10-0.5.22), and where 0.5.23 keeps it
+        for gather in (mod, optional_module("sglang.kernels.ops.attention.kv_indices")):
+            if not torch.cuda.is_available() and hasattr(gather, "create_flashinfer_kv_indices_triton"):
+                stack.enter_context(swapped(gather, "create_flashinfer_kv_indices_triton", KvIndicesTwin()))
         if not torch.cuda.is_available() and hasattr(mod, "generate_draft_decode_kv_indices"):
             stack.enter_context(swapped(mod, "generate_draft_decode_kv_indices", DraftDecodeTwin()))
         yield
@@ -108,16 +111,33 @@ def _no_decode_context_parallel():
         return get_parallel().override(attn_dcp_size=1, attn_dcp_rank=0)
 
 
-def build():
-    """Pool, runner, TritonAttnBackend (CUDA-graph state for 4 requests) and the requests'
-    tokens: room for the prefixes plus two draft rounds each."""
-    import torch
-
+def triton_backend(runner, tokens_per_req: int = 1):
+    """A real ``TritonAttnBackend`` of the testbed's ``runner`` on one rank."""
     from sglang_swa_plugin.probe import swapped
 
     from . import testbed as tb
 
     tri = importlib.import_module(MODULE)
+    # What TritonAttnBackend reads off a ModelRunner beyond the testbed's fields: no hybrid
+    # linear-attention config, and (0.5.23) the verify rows per request.
+    for name in ("hybrid_gdn_config", "kimi_linear_config", "linear_attn_model_spec"):
+        setattr(runner, name, getattr(runner, name, None))
+    runner.decode_num_tokens_per_req = lambda **_: tokens_per_req
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(tb._single_rank_parallel())
+        stack.enter_context(_no_decode_context_parallel())
+        if hasattr(tri, "get_attention_tp_size"):
+            stack.enter_context(swapped(tri, "get_attention_tp_size", lambda: 1))
+        return tri.TritonAttnBackend(runner)
+
+
+def build():
+    """Pool, runner, TritonAttnBackend (CUDA-graph state for 4 requests) and the requests'
+    tokens: room for the prefixes plus two draft rounds each."""
+    import torch
+
+    from . import testbed as tb
+
     pool = tb.make_swa_pool(size=256, size_swa=128)
     alloc = tb.make_swa_allocator(pool)
     tb.diverge(alloc, 11)
@@ -125,17 +145,7 @@ def build():
     runner = tb.make_model_runner(kv_pool=pool, allocator=alloc, req_to_token_pool=rtt, spec_algorithm="EAGLE",
                                   topk=1, num_steps=NUM_STEPS, num_draft_tokens=DRAFT_TOKENS,
                                   sliding_window_size=WINDOW, attention_backend="triton")
-    # What TritonAttnBackend reads off a ModelRunner beyond the testbed's fields: no hybrid
-    # linear-attention config, and (0.5.23) the verify rows per request.
-    for name in ("hybrid_gdn_config", "kimi_linear_config", "linear_attn_model_spec"):
-        setattr(runner, name, getattr(runner, name, None))
-    runner.decode_num_tokens_per_req = lambda **_: DRAFT_TOKENS
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(tb._single_rank_parallel())
-        stack.enter_context(_no_decode_context_parallel())
-        if hasattr(tri, "get_attention_tp_size"):
-            stack.enter_context(swapped(tri, "get_attention_tp_size", lambda: 1))
-        backend = tri.TritonAttnBackend(runner)
+    backend = triton_backend(runner, DRAFT_TOKENS)
     backend.init_cuda_graph_state(4, 4 * DRAFT_TOKENS)
     n = max(PREFIXES + REPLAY_PREFIXES) + 2 * DRAFT_TOKENS
     tokens = [tb.alloc_tokens(alloc, n) for _ in range(3)]

@@ -225,7 +225,7 @@ def fa3_verify(bs: int, topk: int, model: str, fixes: list) -> tuple:
                                   **({} if llama4 else {"sliding_window_size": WINDOW}))
     runner.device = DEVICE
     if llama4:
-        runner.attention_chunk_size = runner.sliding_window_size = CHUNK  # as ModelRunner sets them for Llama 4
+        runner.attention_chunk_size = runner.sliding_window_size = chunk  # as ModelRunner sets them for Llama 4
     depth = tree_depths(topk, n)
     positions = t.tensor([p + d for p in lens for d in depth], dtype=t.int64, device=DEVICE)
     mask = t.zeros(n, n, dtype=t.bool)
@@ -616,6 +616,63 @@ def _triton_swa_window(bs):
         t.cuda.synchronize()
     return Pair(Side(graph, refresh), Side(graph, refresh, [fix]), "fix-off",
                 "fix-off: sglang's window-key rail in the same graph (outputs differ by design)")
+
+
+@row("triton_local_attn", f"decode (Triton, Llama 4: two chunked layers and two full ones, chunk {CHUNK})")
+def _triton_local_attn(bs, chunk: int = CHUNK):
+    """Plain decode on a TritonAttnBackend for Llama 4 (``chunk``, requests of 600-1000 tokens)
+    over a hybrid pool, CUDA graphs on. Fixed: the fix's chunk rail (a gather and a translation
+    per step) captured in the graph. Reference: the same rail built once before the capture
+    and handed to the chunked layers (right for this batch by construction; the fix's per-step
+    work taken out). Outputs must agree."""
+    import dataclasses
+
+    from graph_steps import prepare_capture
+
+    t = torch()
+    fix, mod = hook("triton_local_attn").FIX, hook("triton_local_attn")
+    lens = [n + 1 for n in LENGTHS[:bs]]  # the token being decoded included
+    layers = [layer(0, irope=True), layer(1), layer(2, irope=True), layer(3)]
+    q = t.randn(bs, HEADS * HEAD_DIM, device=DEVICE, dtype=t.bfloat16)
+    k = t.randn(bs, KV_HEADS, HEAD_DIM, device=DEVICE, dtype=t.bfloat16)
+
+    def side(fixed: bool) -> Side:
+        tb, pool, rtt, runner, ct = triton_parts(bs, 1)
+        runner.attention_chunk_size = runner.sliding_window_size = chunk  # as ModelRunner sets them for Llama 4
+        with installed([fix]):  # the backend keeps its runner's chunk either way
+            with triton_construction(ct) as tri:
+                backend = tri.TritonAttnBackend(runner)
+        batch = tb.make_forward_batch(runner, "decode", req_pool_indices=list(range(bs)), seq_lens=lens,
+                                      out_cache_loc=t.zeros(bs, dtype=t.int64), attn_backend=backend)
+        to_device(batch)
+        prepare_capture(backend, batch, 1)
+        prebuilt = mod._decode_fields(backend, batch, chunk, True)
+
+        def forward():
+            if fixed:
+                with installed([fix]):
+                    return [backend.forward_decode(q, k, k, lay, batch, save_kv_cache=False) for lay in layers]
+            outs, metadata = [], backend.forward_metadata
+            for lay in layers:
+                if lay.use_irope:
+                    backend.forward_metadata = dataclasses.replace(metadata, **prebuilt)
+                outs.append(backend.forward_decode(q, k, k, lay, batch, save_kv_cache=False))
+                backend.forward_metadata = metadata
+            return outs
+
+        graph = capture(forward)
+        graph.prebuilt = prebuilt  # the reference's rail, read by every replay: kept alive with its graph
+        refresh = replay_refresh(backend, batch, lens)
+        refresh()
+        t.cuda.synchronize()
+        return Side(graph, refresh, [fix] if fixed else [])
+
+    return Pair(side(False), side(True), "rail before capture", same_output=True)
+
+
+# Llama 4's own chunk: the fix's rail is bs * 8192 ids per step (longer than these requests)
+row("triton_local_attn", "decode (Triton, Llama 4, chunk 8192)", "triton_local_attn_8k")(
+    lambda bs: _triton_local_attn(bs, 8192))
 
 
 # ----------------------------------------------------------------------------- timing

@@ -60,6 +60,7 @@ def test_sglang_plugins_naming_us_selects_us():
     assert st["registered"] is True
 
 
+@pytest.mark.cli
 @needs_framework
 def test_disabled_installs_nothing(tmp_path):
     code = LOAD + f"""
@@ -107,6 +108,7 @@ print("RESULT=" + json.dumps(out))
         assert registered == 1 and depth == 1, (t, registered, depth)
 
 
+@pytest.mark.cli
 @needs_framework
 def test_third_party_fix_is_found_applied_and_runs(tmp_path):
     code = LOAD + """
@@ -125,6 +127,7 @@ print("CALLS=" + json.dumps(len(acme_swa_fix.CALLS)))
     assert child_json(proc, "CALLS") == 1
 
 
+@pytest.mark.cli
 @needs_framework
 def test_moved_target_is_skipped_with_one_warning_naming_it(tmp_path):
     proc = run_child(LOAD, PYTHONPATH=third_party_dist(tmp_path, MOVED_TARGET))
@@ -146,6 +149,7 @@ except Exception as e:
 """
 
 
+@pytest.mark.cli
 @needs_framework
 def test_strict_mode_stops_startup_naming_the_fix(tmp_path):
     proc = run_child(STRICT_PROBE, SGLANG_SWA_PLUGIN_STRICT="1", PYTHONPATH=third_party_dist(tmp_path, MOVED_TARGET))
@@ -184,6 +188,7 @@ def test_config_parsing_rules():
     assert c.include is None and not c.errors
 
 
+@pytest.mark.cli
 def test_fixes_selection_excludes_a_fix():
     victim = "trtllm_swa_pool"
     code = """
@@ -201,6 +206,7 @@ print("RESULT=" + json.dumps(sglang_swa_plugin.status()))
 # ------------------------------------------------------------------------ doctor
 
 
+@pytest.mark.cli
 def test_doctor_json_lists_every_fix(tmp_path):
     proc = run_cli("doctor", "--json", tmp_path=tmp_path, env=child_env(PYTHONPATH=third_party_dist(tmp_path)))
     rep = json.loads(proc.stdout)
@@ -213,6 +219,7 @@ def test_doctor_json_lists_every_fix(tmp_path):
     assert proc.returncode == (0 if rep["ok"] else 1)
 
 
+@pytest.mark.cli
 def test_doctor_exit_status_is_nonzero_when_a_needed_fix_cannot_be_installed(tmp_path):
     proc = run_cli("doctor", tmp_path=tmp_path, env=child_env(PYTHONPATH=third_party_dist(tmp_path, MOVED_TARGET)))
     assert proc.returncode == 1, proc.stdout + proc.stderr

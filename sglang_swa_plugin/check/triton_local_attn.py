@@ -12,7 +12,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from . import Outcome, print_outcome
-from .triton_swa_draft import MODULE, cpu_triton, triton_backend
+from .triton_swa_draft import MODULE, cpu_triton, decode_graph_metadata, triton_backend
 
 CHUNK = 8
 PREFIXES, EXTENDS = (13, 0, 5), (10, 7, 3)  # 13..22 crosses 16; 0..6 and 5..7 stay in one chunk
@@ -112,8 +112,6 @@ def scenario() -> Outcome:
     """The keys a Llama 4 chunked layer's Triton kernels attend, extend and decode (eager, CUDA-graph
     capture and replay), against each query's own chunk, on a real TritonAttnBackend over a real
     SWAKVPool whose index spaces differ. ``seen``: per path, right or not."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
     from sglang_swa_plugin.fix import ScenarioUnavailable
     from sglang_swa_plugin.probe import optional_module
 
@@ -143,15 +141,7 @@ def scenario() -> Outcome:
         for phase, lens in (("capture", DECODE_LENS), ("replay", REPLAY_LENS)):
             fb = tb.make_forward_batch(env.runner, "decode", req_pool_indices=env.rows[: len(lens)],
                                        seq_lens=list(lens), attn_backend=be)
-            bs = fb.batch_size
-            if hasattr(be, "init_forward_metadata_out_graph"):  # 0.5.13+
-                be.init_forward_metadata_out_graph(fb, **({"in_capture": True} if phase == "capture" else {}))
-            elif phase == "capture":
-                be.init_forward_metadata_capture_cuda_graph(bs, bs, fb.req_pool_indices, fb.seq_lens, None,
-                                                             ForwardMode.DECODE, None)
-            else:
-                be.init_forward_metadata_replay_cuda_graph(bs, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_sum,
-                                                            None, ForwardMode.DECODE, None, fb.seq_lens_cpu)
+            decode_graph_metadata(be, fb, phase)
             captured = be.forward_metadata if phase == "capture" else captured
             be.forward_metadata = captured
             call = _run(env, fb, "decode", calls)

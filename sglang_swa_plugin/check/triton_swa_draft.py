@@ -96,6 +96,22 @@ class DraftDecodeTwin:
         return run
 
 
+def decode_graph_metadata(backend, fb, phase: str) -> None:
+    """sglang's CUDA-graph metadata call of a plain DECODE batch ``fb`` at ``phase`` ("capture" or
+    "replay"), in the release's form (0.5.13+: ``init_forward_metadata_out_graph``)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    bs = fb.batch_size
+    if hasattr(backend, "init_forward_metadata_out_graph"):
+        backend.init_forward_metadata_out_graph(fb, **({"in_capture": True} if phase == "capture" else {}))
+    elif phase == "capture":
+        backend.init_forward_metadata_capture_cuda_graph(bs, bs, fb.req_pool_indices, fb.seq_lens, None,
+                                                         ForwardMode.DECODE, None)
+    else:
+        backend.init_forward_metadata_replay_cuda_graph(bs, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_sum, None,
+                                                        ForwardMode.DECODE, None, fb.seq_lens_cpu)
+
+
 def _no_decode_context_parallel():
     """0.5.15+ reads the decode context-parallel rank from the runtime context: one rank."""
     try:

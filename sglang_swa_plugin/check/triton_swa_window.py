@@ -11,7 +11,7 @@ from __future__ import annotations
 
 
 from . import Outcome, print_outcome
-from .triton_swa_draft import MODULE, WINDOW, _decode_call, build, cpu_triton
+from .triton_swa_draft import MODULE, WINDOW, _decode_call, build, cpu_triton, decode_graph_metadata
 
 SEQ_LENS = (21, 6, 14)  # longer than, shorter than, longer than the window
 REPLAY_SEQ_LENS = (10, 17, 3)
@@ -43,8 +43,6 @@ def scenario() -> Outcome:
     capture and replay, against the last ``window + 1`` keys of each request in SWA space, on a
     real TritonAttnBackend over a real SWAKVPool whose index spaces differ. ``seen``: per path,
     right or not, and the key counts."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
     from sglang_swa_plugin.fix import ScenarioUnavailable
     from sglang_swa_plugin.probe import optional_module
 
@@ -60,15 +58,7 @@ def scenario() -> Outcome:
         captured = None
         for phase, lens in (("capture", SEQ_LENS), ("replay", REPLAY_SEQ_LENS)):
             fb = _decode_batch(env, lens)
-            bs = fb.batch_size
-            if hasattr(be, "init_forward_metadata_out_graph"):  # 0.5.13+
-                be.init_forward_metadata_out_graph(fb, **({"in_capture": True} if phase == "capture" else {}))
-            elif phase == "capture":
-                be.init_forward_metadata_capture_cuda_graph(bs, bs, fb.req_pool_indices, fb.seq_lens, None,
-                                                             ForwardMode.DECODE, None)
-            else:
-                be.init_forward_metadata_replay_cuda_graph(bs, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_sum,
-                                                            None, ForwardMode.DECODE, None, fb.seq_lens_cpu)
+            decode_graph_metadata(be, fb, phase)
             captured = be.forward_metadata if phase == "capture" else captured
             be.forward_metadata = captured
             seen[phase] = _judge(env, _decode_call(env, be, fb, calls), lens)

@@ -586,6 +586,27 @@ def _swa_graph_padding(bs):
     return Pair(Side(None, refresh), Side(None, refresh, [fix]), "fix-off", "no graph: input fill only")
 
 
+def triton_decode(bs: int, lens, chunk: "int | None" = None, fixes=()) -> tuple:
+    """A TritonAttnBackend (built with ``fixes`` in; ``chunk``: the runner's Llama 4 chunk, as
+    ModelRunner sets it, window and chunk alike) and a plain decode batch of ``lens``, prepared
+    for a CUDA-graph capture."""
+    from graph_steps import prepare_capture
+
+    t = torch()
+    tb, pool, rtt, runner, ct = triton_parts(bs, 1)
+    if chunk is not None:
+        runner.attention_chunk_size = runner.sliding_window_size = chunk
+    with installed(list(fixes)):
+        with triton_construction(ct) as tri:
+            backend = tri.TritonAttnBackend(runner)
+    batch = tb.make_forward_batch(runner, "decode", req_pool_indices=list(range(bs)), seq_lens=lens,
+                                  out_cache_loc=t.zeros(bs, dtype=t.int64), attn_backend=backend)
+    to_device(batch)
+    with installed(list(fixes)):
+        prepare_capture(backend, batch, 1)
+    return backend, batch
+
+
 @row("triton_swa_window", "decode (Triton, a sliding and a full layer)")
 def _triton_swa_window(bs):
     """Plain decode on a TritonAttnBackend (window WINDOW) over a hybrid pool, CUDA graphs on,
@@ -593,19 +614,11 @@ def _triton_swa_window(bs):
     window + 1 keys per token). The fix's per-step work: its builders' window argument + 1.
     Fix-off refreshes the same graph with sglang's window-key rail, so outputs differ by one
     key per request by design (the fix's point), not compared."""
-    from graph_steps import prepare_capture
-
     t = torch()
     fix = hook("triton_swa_window").FIX
-    tb, pool, rtt, runner, ct = triton_parts(bs, 1)
     lens = [n + 1 for n in LENGTHS[:bs]]  # the token being decoded included
+    backend, batch = triton_decode(bs, lens, fixes=[fix])
     with installed([fix]):
-        with triton_construction(ct) as tri:
-            backend = tri.TritonAttnBackend(runner)
-        batch = tb.make_forward_batch(runner, "decode", req_pool_indices=list(range(bs)), seq_lens=lens,
-                                      out_cache_loc=t.zeros(bs, dtype=t.int64), attn_backend=backend)
-        to_device(batch)
-        prepare_capture(backend, batch, 1)
         layers = [layer(0, WINDOW), layer(1)]
         q = t.randn(bs, HEADS * HEAD_DIM, device=DEVICE, dtype=t.bfloat16)
         k = t.randn(bs, KV_HEADS, HEAD_DIM, device=DEVICE, dtype=t.bfloat16)
@@ -627,8 +640,6 @@ def _triton_local_attn(bs, chunk: int = CHUNK):
     work taken out). Outputs must agree."""
     import dataclasses
 
-    from graph_steps import prepare_capture
-
     t = torch()
     fix, mod = hook("triton_local_attn").FIX, hook("triton_local_attn")
     lens = [n + 1 for n in LENGTHS[:bs]]  # the token being decoded included
@@ -637,15 +648,7 @@ def _triton_local_attn(bs, chunk: int = CHUNK):
     k = t.randn(bs, KV_HEADS, HEAD_DIM, device=DEVICE, dtype=t.bfloat16)
 
     def side(fixed: bool) -> Side:
-        tb, pool, rtt, runner, ct = triton_parts(bs, 1)
-        runner.attention_chunk_size = runner.sliding_window_size = chunk  # as ModelRunner sets them for Llama 4
-        with installed([fix]):  # the backend keeps its runner's chunk either way
-            with triton_construction(ct) as tri:
-                backend = tri.TritonAttnBackend(runner)
-        batch = tb.make_forward_batch(runner, "decode", req_pool_indices=list(range(bs)), seq_lens=lens,
-                                      out_cache_loc=t.zeros(bs, dtype=t.int64), attn_backend=backend)
-        to_device(batch)
-        prepare_capture(backend, batch, 1)
+        backend, batch = triton_decode(bs, lens, chunk, [fix])  # the backend keeps its runner's chunk either way
         prebuilt = mod._decode_fields(backend, batch, chunk, True)
 
         def forward():

@@ -119,6 +119,8 @@ def _extend_fields(self, forward_batch, chunk: int, swa: bool) -> dict:
     import torch
 
     split = virtual_requests(forward_batch.extend_prefix_lens_cpu, forward_batch.extend_seq_lens_cpu, chunk)
+    if not split:  # no new token in the batch: nothing to attend
+        return {}
     req, start, pre, queries = torch.tensor(split, dtype=torch.int64).T.to(self.req_to_token.device)
     qo_indptr = torch.zeros(len(split) + 1, dtype=torch.int32, device=pre.device)
     qo_indptr[1:] = torch.cumsum(queries, dim=0)

@@ -60,8 +60,11 @@ def cpu_triton(backend, calls: list):
         stack.enter_context(swapped(backend, "decode_attention_fwd", record_decode))
         stack.enter_context(kernel_twins())
         mod = optional_module(MODULE)
-        # sglang's gather where the triton module has it (0.5.10-0.5.22), and where 0.5.23 keeps it
-        for gather in (mod, optional_module("sglang.kernels.ops.attention.kv_indices")):
+        # sglang's gather wherever a release keeps it: the triton module's name (sglang's own rails)
+        # and the kernel modules the fixes' rails take it from
+        from sglang_swa_plugin.hooks.triton_local_attn import GATHER_MODULES
+
+        for gather in dict.fromkeys(optional_module(m) for m in GATHER_MODULES):
             if not torch.cuda.is_available() and hasattr(gather, "create_flashinfer_kv_indices_triton"):
                 stack.enter_context(swapped(gather, "create_flashinfer_kv_indices_triton", KvIndicesTwin()))
         if not torch.cuda.is_available() and hasattr(mod, "generate_draft_decode_kv_indices"):

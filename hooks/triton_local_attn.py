@@ -1,13 +1,13 @@
 """triton: Llama 4's chunked ("local") layers attend their own chunk, not the whole context.
 Bug
-    Llama 4's chunked layers have ``use_irope`` and no window; triton picks keys by the layer's
-    window only, so they attend the whole context (hybrid pool: the SWA buffer read through
-    full-pool ids). Llama 4 on triton, 0.5.11 and 0.5.17: 0/32 requests equal to the float32
-    model past the first chunk.
+    Llama 4's chunked layers have ``use_irope`` and no window; triton picks keys by the window
+    only: they attend the whole context (hybrid pool: SWA buffer, full-pool ids). Llama 4 on
+    triton, 0.5.11 and 0.5.17: 0/32 requests equal to the float32 model past the first chunk.
     Fix: a chunked layer's decode reads its chunk's keys; its extend and a chain's verify run
     as virtual requests cut at chunk boundaries (as fa3's local batches), ids in its pool part's
-    space, decode and verify in fixed-size device ops (captured with a CUDA graph). Not covered:
-    a tree's verify (topk > 1), a unified pool (0.5.23's translating id space).
+    space, decode and verify in fixed-size device ops (captured with a CUDA graph). Not covered
+    (one warning names it): a tree's verify (topk > 1), a unified pool (0.5.23's translating
+    id space), decode context parallelism, deterministic inference.
 Upstream PRs
     None: no release's triton reads ``use_irope`` (fa3's local attention: #5092).
 Affected versions
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import logging
 
 from sglang_swa_plugin.fix import Detection, Fix, around, hookimpl
 from sglang_swa_plugin.probe import function_tree, is_attribute, module_tree, nodes, optional_module, own_function
@@ -37,6 +38,8 @@ GATHER = "create_flashinfer_kv_indices_triton"  # sglang's req_to_token gather, 
 GATHER_MODULES = (MODULE, "sglang.kernels.ops.attention.kv_indices", "sglang.kernels.ops.kvcache.kv_indices",
                   "sglang.srt.layers.attention.utils")
 RAIL = "_sglang_swa_plugin_chunk_rail"  # on the backend: (metadata, seq_lens, (SWA ids, in capture), metadata)
+logger = logging.getLogger("sglang.srt.plugins.swa_plugin")
+_warned: set = set()
 
 
 def _remember_chunk(original, self, model_runner, *args, **kwargs):
@@ -46,13 +49,34 @@ def _remember_chunk(original, self, model_runner, *args, **kwargs):
     return result
 
 
-def _chunk_of(self, layer) -> "int | None":
-    """The chunk a ``use_irope`` layer without a window attends, on the forms this fix covers."""
+def _uncovered(path: str) -> None:
+    """One warning per process and path: a chunked layer that this fix leaves as sglang runs it."""
+    if path not in _warned:
+        _warned.add(path)
+        logger.warning("sglang-swa-plugin: %s: %s: the chunked (local) layers of this model attend over the whole "
+                       "context (tokens differ from the model past the first chunk); not corrected", NAME, path)
+
+
+def _chunked(self, layer) -> "int | None":
+    """The chunk of a chunked layer (``use_irope``, no window) of a backend built for a chunked model."""
     chunk = vars(self).get(CHUNK)
-    if (not chunk or not getattr(layer, "use_irope", False) or getattr(layer, "sliding_window_size", None) not in (None, -1)
-            or getattr(self, "dcp_size", 1) > 1 or getattr(self, "enable_deterministic", False)
-            or getattr(self, "_translate_kv_loc", None) is not None or getattr(self, "forward_metadata", None) is None
-            or getattr(getattr(self, "kv_index_translator", None), "is_translating", False)):  # req_to_token: virtual ids
+    if chunk and getattr(layer, "use_irope", False) and getattr(layer, "sliding_window_size", None) in (None, -1):
+        return chunk
+    return None
+
+
+def _chunk_of(self, layer) -> "int | None":
+    """The chunk a chunked layer attends, on the forms this fix covers (the others: one warning)."""
+    chunk = _chunked(self, layer)
+    if chunk is None or getattr(self, "forward_metadata", None) is None:
+        return None
+    translating = (getattr(self, "_translate_kv_loc", None) is not None  # req_to_token: virtual ids
+                   or getattr(getattr(self, "kv_index_translator", None), "is_translating", False))
+    path = next((p for p, on in (("decode context parallelism", getattr(self, "dcp_size", 1) > 1),
+                                 ("deterministic inference", getattr(self, "enable_deterministic", False)),
+                                 ("a translating KV index space (unified pool)", translating)) if on), None)
+    if path is not None:
+        _uncovered(path)
         return None
     return chunk
 
@@ -189,6 +213,10 @@ def _chunked_extend(original, self, q, k, v, layer, forward_batch, *args, **kwar
     build = (_extend_fields if _plain_extend(forward_batch)
              else _verify_fields if chunk and _chain_verify(forward_batch, chunk) else None)
     if build is None:
+        if forward_batch.forward_mode.is_target_verify() and _chunked(self, layer):
+            tree = (getattr(forward_batch.spec_info, "topk", None) or 1) > 1
+            _uncovered("EAGLE tree verify (topk > 1; topk 1 and the fa3 backend are corrected)" if tree
+                       else "EAGLE verify of more draft tokens than the chunk")
         return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
     return _with_rail(original, build, self, q, k, v, layer, forward_batch, *args, **kwargs)
 

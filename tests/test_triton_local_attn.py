@@ -75,3 +75,51 @@ def test_layers_outside_the_fix_are_left_to_sglang():
     assert tla._chunk_of(be, SimpleNamespace(use_irope=False, sliding_window_size=-1)) is None
     vars(be)[tla.CHUNK] = None
     assert tla._chunk_of(be, SimpleNamespace(use_irope=True, sliding_window_size=-1)) is None
+
+
+def test_forms_the_fix_leaves_to_sglang_are_named_once(caplog):
+    """A chunked layer on a form the fix does not correct (here decode context parallelism) runs
+    as sglang runs it, with one warning per process naming the form; other layers: none."""
+    import logging
+    from types import SimpleNamespace
+
+    be = SimpleNamespace(forward_metadata=object(), dcp_size=2)
+    vars(be)[tla.CHUNK] = 8
+    tla._warned.discard("decode context parallelism")
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            assert tla._chunk_of(be, SimpleNamespace(use_irope=True, sliding_window_size=-1)) is None
+        assert tla._chunk_of(be, SimpleNamespace(use_irope=True, sliding_window_size=7)) is None
+    named = [r.getMessage() for r in caplog.records if "decode context parallelism" in r.getMessage()]
+    assert len(named) == 1 and "triton_local_attn" in named[0], named
+
+
+def test_a_tree_verify_runs_as_sglang_runs_it_and_is_named_once(caplog):
+    """EAGLE topk 2 on a real TritonAttnBackend with the fix: sglang's own verify call (the whole
+    context), and one warning that names the tree verify, however many layers and steps."""
+    import logging
+
+    import torch
+
+    from sglang_swa_plugin.check import triton_local_attn as sc
+    from sglang_swa_plugin.check.fa3_spec_translate import verify_input
+    from sglang_swa_plugin.check.triton_swa_draft import cpu_triton
+
+    skip_unless_needed(FIX)
+    lens, n = sc.VERIFY_LENS, sc.DRAFTS
+    mask = torch.cat([torch.ones(n, m + n, dtype=torch.bool).tril(m).flatten() for m in lens])
+    positions = torch.cat([torch.arange(m, m + n) for m in lens])
+    tla._warned.clear()
+    calls = []
+    with fixed_alone(FIX, _methods()), caplog.at_level(logging.WARNING):
+        env = sc.build()
+        fb = env.tb.make_forward_batch(env.runner, "target_verify", req_pool_indices=env.rows[:3], seq_lens=list(lens),
+                                       spec_info=verify_input(mask, list(lens), 2, n, positions), attn_backend=env.backend)
+        with cpu_triton(env.backend, calls):
+            env.backend.init_forward_metadata(fb)
+            for _ in range(2):
+                call = sc._run(env, fb, "extend", calls)
+    assert call is not None and call["custom_mask"] is not None, call  # sglang's own tree call
+    assert int(call["kv_indptr"][-1]) == sum(lens), call  # the whole context, as stock
+    named = [r.getMessage() for r in caplog.records if "topk > 1" in r.getMessage()]
+    assert len(named) == 1 and "not corrected" in named[0], named

@@ -29,7 +29,7 @@ OPT_IN = {"swa_index_guard"}  # a diagnostic, installed only when asked for
 
 def fixes_table() -> dict:
     """{fix name: {column header: cell}} of README's "What it fixes" table."""
-    section = README.read_text().split("## What it fixes", 1)[1].split("\n## ", 1)[0]
+    section = re.split(r"\n##+ ", README.read_text().split("\n## What it fixes", 1)[1], maxsplit=1)[0]
     rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()
             if line.startswith("|") and not line.startswith("|---")]
     header, body = rows[0], rows[1:]

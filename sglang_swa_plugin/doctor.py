@@ -16,6 +16,7 @@ from typing import List, Optional
 
 from . import __version__
 from . import config as _config
+from . import gaps as _gaps
 from .core import ERROR, PROBLEMS, UNKNOWN, broken_records, decide, load_fixes
 from .patching import DirectHooks
 
@@ -193,8 +194,8 @@ def doctor_report() -> dict:
     problems = setting_problems(cfg, env)
     if not env["sglang_import_error"]:  # else every fix is unknown for that one reason
         problems += [f"fix {r['name']}: {r['status']}" for r in records if r["selected"] and r["status"] in PROBLEMS]
-    return {**env, "config": cfg.as_dict(), "fixes": records, "ok": not problems, "problems": problems,
-            "hint": import_hint(env["sglang_import_error"], records)}
+    return {**env, "config": cfg.as_dict(), "fixes": records, **_gaps.report(), "ok": not problems,
+            "problems": problems, "hint": import_hint(env["sglang_import_error"], records)}
 
 
 def print_doctor(rep: dict) -> None:
@@ -221,6 +222,8 @@ def print_doctor(rep: dict) -> None:
             p(f"  {'':<{w}}  {'':<14} from {r['source']}")
     if not rep["fixes"]:
         p("  (no fixes registered)")
+    p("")
+    _gaps.print_gaps(rep, p)
     p("")
     if rep.get("hint"):
         p(rep["hint"])

@@ -26,6 +26,7 @@ from helpers import (
 )
 
 from sglang_swa_plugin import config
+from sglang_swa_plugin.gaps import GAPS
 from sglang_swa_plugin.core import BUILTIN_MODULES, load_fixes, safe_detect
 from sglang_swa_plugin.fix import Verdict, resolve
 
@@ -216,6 +217,8 @@ def test_doctor_json_lists_every_fix(tmp_path):
     assert rep["entry_point_found"] and rep["entry_point"] == "swa_plugin = sglang_swa_plugin:register"
     for r in rep["fixes"]:
         assert r["status"] and r["reason"] and "upstream_prs" in r
+    # the paths left wrong (README's "What it does not fix yet"), whatever the fixes' statuses
+    assert [tuple(g.values()) for g in rep["gaps"]] == [tuple(g.as_dict().values()) for g in GAPS] and GAPS
     assert proc.returncode == (0 if rep["ok"] else 1)
 
 

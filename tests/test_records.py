@@ -19,6 +19,7 @@ import pytest
 
 from sglang_swa_plugin.core import BUILTIN_MODULES
 from sglang_swa_plugin.fix import Verdict
+from sglang_swa_plugin.gaps import GAPS, NOT_RUN
 
 from helpers import HERE, main_window_snapshot, sglang_release
 
@@ -29,11 +30,32 @@ OPT_IN = {"swa_index_guard"}  # a diagnostic, installed only when asked for
 
 def fixes_table() -> dict:
     """{fix name: {column header: cell}} of README's "What it fixes" table."""
-    section = re.split(r"\n##+ ", README.read_text().split("\n## What it fixes", 1)[1], maxsplit=1)[0]
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()
-            if line.startswith("|") and not line.startswith("|---")]
-    header, body = rows[0], rows[1:]
+    header, *body = readme_table("## What it fixes")
     return {re.search(r"`(\w+)`", r[0]).group(1): dict(zip(header, r)) for r in body}
+
+
+def readme_table(heading: str) -> list:
+    """The rows (lists of cells, header first) of the table under README's ``heading``."""
+    section = re.split(r"\n##+ ", README.read_text().split(f"\n{heading}\n", 1)[1], maxsplit=1)[0]
+    return [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("|") and not line.startswith("|---")]
+
+
+def test_readme_gaps_table_is_what_doctor_lists():
+    """README's "What it does not fix yet" and doctor's "not fixed yet" are one list (gaps.py)."""
+    rows = readme_table("### What it does not fix yet")
+    assert rows[0] == ["model", "path", "what happens (stock and with the plugin)", "instead"]
+    assert rows[1:] == [[g.model, g.path, g.what, g.instead] for g in GAPS]
+    assert f"Not run yet: {NOT_RUN}." in README.read_text()
+
+
+def test_a_gap_a_fix_warns_about_is_one_of_its_paths():
+    """A gap a fix names at run time (``warned_by``) is a path that fix's record says it does not
+    cover, and the fix exists."""
+    for gap in (g for g in GAPS if g.warned_by):
+        module = next(m for m in BUILTIN_MODULES if m.rsplit(".", 1)[1] == gap.warned_by)
+        record = " ".join(importlib.import_module(module).__doc__.split())
+        assert "Not covered (one warning names it)" in record and "topk > 1" in record, (gap, record)
 
 
 LAST_RELEASE = 23  # the newest release of the test matrix: "0.5.N+" spans up to it

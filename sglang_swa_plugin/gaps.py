@@ -1,0 +1,62 @@
+"""Known gaps: stock sglang bugs seen on a GPU against the model (``tests/gpu/RESULTS.md``) on
+paths the plugin leaves as they are, each with what to use instead. One list for ``doctor``
+(text and ``--json``) and README's "What it does not fix yet" table (``tests/test_records.py``
+holds the two equal): an operator who reads ``applied`` for a model's fix also reads which of
+that model's paths stay wrong.
+
+A gap is listed whatever sglang is installed (``seen`` says where it was seen): which model,
+backend and mode a server runs is not known before it starts. A fix that meets a gap's path at
+run time says so once in the server log (``warned_by``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+
+@dataclass(frozen=True)
+class Gap:
+    model: str
+    path: str  # backend, speculative mode, and the releases where it was seen
+    what: str  # what happens, stock and with the plugin
+    instead: str  # a backend or mode that gives the model's tokens
+    warned_by: Optional[str] = None  # the fix whose one-time server-log warning names this path
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+GAPS: Tuple[Gap, ...] = (
+    Gap("Llama 4", "trtllm_mha, every mode",
+        "wrong tokens past the first chunk: the chunked layers run as a sliding window", "fa3, or triton"),
+    Gap("Llama 4", "triton, EAGLE/EAGLE3 topk > 1",
+        "wrong tokens past the first chunk (the server log says so once)", "topk 1, or fa3",
+        warned_by="triton_local_attn"),
+    Gap("GPT-OSS", "triton, EAGLE3 topk 2, CUDA graphs on, sglang 0.5.11",
+        "24-28 of 32 requests right (absent on 0.5.17)", "topk 1, or fa3"),
+    Gap("MiMo-V2", "triton, multi-layer EAGLE, CUDA graphs off, sglang 0.5.11",
+        "illegal memory access (a race; absent on 0.5.17)", "CUDA graphs on"),
+    Gap("MiMo-V2", "trtllm_mha without speculation; flashinfer, sglang 0.5.11",
+        "the server does not start: sglang views the value cache with the key head size (trtllm_mha; "
+        "0.5.17 stock too), or passes attention sinks its flashinfer backend does not take", "fa3, or triton"),
+)
+
+NOT_RUN = "fa3 NEXTN at topk > 1 with a sliding-window draft"  # a path never run against the model
+
+
+def report() -> dict:
+    """What ``doctor --json`` shows under ``gaps``."""
+    return {"gaps": [g.as_dict() for g in GAPS], "not_run": [NOT_RUN]}
+
+
+def print_gaps(rep: dict, p=print) -> None:
+    """``doctor``'s section from its report (``report()``'s keys): one line per gap, what to use
+    instead on the next."""
+    p("not fixed yet (stock bugs seen against the model on a GPU; the plugin leaves them as they are):")
+    w = max([len(g["model"]) for g in rep["gaps"]] + [1])
+    for g in rep["gaps"]:
+        p(f"  {g['model']:<{w}}  {g['path']}: {g['what']}")
+        p(f"  {'':<{w}}  instead: {g['instead']}")
+    for path in rep["not_run"]:
+        p(f"  not run yet: {path}")

@@ -49,7 +49,7 @@ SHIMS = os.path.join("tests", "cpu_import_shims")
 
 # What sglang's modules import on a CPU machine (../shared facts, measured per release).
 BASE = [
-    "torchvision==0.28.0", "triton==3.6.0", "numpy", "orjson", "psutil", "pybase64",
+    "torchvision==0.28.0", "triton==3.6.0", "numpy<2.3", "orjson", "psutil", "pybase64",
     "requests", "packaging", "pillow", "starlette", "tqdm", "IPython", "pydantic",
     "aiohttp", "pyzmq", "partial-json-parser", "dill", "sentencepiece", "einops",
     "compressed-tensors", "gguf", "msgspec", "setproctitle", "uvicorn", "fastapi",
@@ -60,6 +60,9 @@ BASE = [
     # the selftest's targets solve their score profiles with scipy (a dependency of sglang's own)
     "scipy",
 ]
+# numpy<2.3: Triton 3.6's interpreter (TRITON_INTERPRET=1: sglang's own Triton kernels run on
+# the CPU, tests/interpreted_*.py) takes a loaded scalar's int() of a one-element array, which
+# numpy 2.4 refuses.
 # Pins taken from the installed sglang's own metadata (0.5.16-0.5.20 import xgrammar at
 # module level).
 PINNED = ("transformers", "openai", "apache-tvm-ffi", "xgrammar")

@@ -4,18 +4,18 @@ Bug
     only: they attend the whole context (hybrid pool: SWA buffer, full-pool ids). Llama 4 on
     triton, 0.5.11 and 0.5.17: 0/32 requests equal to the float32 model past the first chunk.
     Fix: a chunked layer's decode reads its chunk's keys; its extend and a chain's verify run
-    as virtual requests cut at chunk boundaries (as fa3's local batches), ids in its pool part's
-    space, decode and verify in fixed-size device ops (captured with a CUDA graph). Not covered
-    (one warning names it): a tree's verify (topk > 1), a unified pool (0.5.23's translating
-    id space), decode context parallelism, deterministic inference.
+    as virtual requests cut at chunk boundaries (as fa3's local batches), ids in the layer's
+    pool space, in fixed-size device ops (CUDA graphs). A tree's verify (topk > 1): preview
+    ``triton_local_attn_tree`` (tree mask re-laid per chunk; run through sglang's kernel on a
+    CPU, not yet on a GPU). Not covered (one warning names it): a unified pool (0.5.23's
+    translating ids), decode context parallelism, deterministic inference.
 Upstream PRs
     None: no release's triton reads ``use_irope`` (fa3's local attention: #5092).
 Affected versions
     0.5.10-0.5.23. Status by release: applied 0.5.10+.
 Detection
-    Structural: ``TritonAttnBackend.forward_decode`` and ``forward_extend`` pick keys by
-    ``layer.sliding_window_size`` and the backend module never reads ``use_irope``: needed; a
-    module that reads ``use_irope``: not needed.
+    Structural: ``forward_decode``/``forward_extend`` pick keys by ``layer.sliding_window_size``
+    and the module never reads ``use_irope``: needed; a module that reads it: not needed.
 Delete when
     sglang's triton backend handles chunked layers in every supported release.
 """
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import logging
 
 from sglang_swa_plugin.fix import Detection, Fix, around, hookimpl
@@ -37,6 +38,7 @@ CHUNK = "_sglang_swa_plugin_attention_chunk"  # on the backend: the runner's att
 GATHER = "create_flashinfer_kv_indices_triton"  # sglang's req_to_token gather, where each release keeps it
 GATHER_MODULES = (MODULE, "sglang.kernels.ops.attention.kv_indices", "sglang.kernels.ops.kvcache.kv_indices",
                   "sglang.srt.layers.attention.utils")
+TREE = "triton_local_attn_tree"  # the preview: a tree's verify (topk > 1)
 RAIL = "_sglang_swa_plugin_chunk_rail"  # on the backend: (metadata, seq_lens, (SWA ids, in capture), metadata)
 logger = logging.getLogger("sglang.srt.plugins.swa_plugin")
 _warned: set = set()
@@ -174,6 +176,62 @@ def _verify_fields(self, forward_batch, chunk: int, swa: bool) -> dict:
             "custom_mask": None}
 
 
+def _tree_fields(self, forward_batch, chunk: int, swa: bool) -> dict:
+    """Target verify of a tree (topk > 1, ``n`` draft tokens after ``L`` keys): per request the
+    ``L % C`` keys from ``L``'s chunk start, and sglang's tree mask re-laid for them (``n`` rows of
+    ``L % C + n`` cells, the cached keys' cells read too): a draft at position ``p`` sees those
+    keys iff ``p`` is in ``L``'s chunk, and a tree ancestor iff that one's position is in ``p``'s
+    chunk. Device ops of a fixed size (``bs * n * (C + n)`` cells, int32)."""
+    import torch
+
+    md, n = self.forward_metadata, forward_batch.spec_info.draft_token_num
+    seq, dev = forward_batch.seq_lens.to(torch.int64), forward_batch.seq_lens.device
+    bs, before = seq.shape[0], seq % chunk
+    indptr, indices = _slots(self, forward_batch, forward_batch.req_pool_indices, before.to(torch.int32),
+                             seq - before, bs * chunk, swa)
+    # per query row (request b, draft i): its cached keys seen or not, its drafts seen or not
+    row = torch.arange(bs * n, device=dev)
+    b, cached = row // n, before.repeat_interleave(n)
+    row_start = torch.zeros(bs * n + 1, dtype=torch.int32, device=dev)
+    row_start[1:] = torch.cumsum(cached + n, dim=0)
+    query_chunk = forward_batch.positions.to(torch.int64) // chunk
+    sees_cached = query_chunk == (seq // chunk)[b]
+    k = torch.arange(n, device=dev)
+    stock = md.custom_mask  # sglang's rows of L + n cells
+    at = (md.mask_indptr[b].to(torch.int64) + (row % n) * (seq[b] + n) + seq[b])[:, None] + k
+    draft_chunk = query_chunk.view(bs, n)[b]  # [row, k]: the chunk of draft k of the row's request
+    sees_draft = (stock[at.clamp_(0, stock.numel() - 1)].bool() & (draft_chunk == query_chunk[:, None])).flatten()
+    # per mask cell: its row, its column, then what that row sees there
+    cell = torch.arange(bs * n * (chunk + n), dtype=torch.int32, device=dev)
+    r = torch.searchsorted(row_start[1:], cell, right=True, out_int32=True).clamp_(max=bs * n - 1)
+    col = cell - row_start[r]
+    keys = cached[r]
+    seen = torch.where(col < keys, sees_cached[r], sees_draft[r * n + (col - keys).clamp_(0, n - 1)])
+    seen &= cell < row_start[-1]
+    return {"kv_indptr": indptr, "kv_indices": indices, "custom_mask": seen.to(stock.dtype),
+            "mask_indptr": row_start[::n].to(md.mask_indptr.dtype)}
+
+
+def _tree_verify(forward_batch) -> bool:
+    """A target verify of an EAGLE tree (topk > 1) with its mask."""
+    spec = getattr(forward_batch, "spec_info", None)
+    return (forward_batch.forward_mode.is_target_verify() and (getattr(spec, "topk", None) or 1) > 1
+            and getattr(spec, "draft_token_num", 0) > 0)
+
+
+def _with_prefix_mask(original, self, q, k, v, layer, forward_batch, *args, **kwargs):
+    """``original`` on the tree rail, its kernel reading the mask's cached-key cells too
+    (``skip_prefix_custom_mask=False``: the mask hides the chunk's keys from drafts past it)."""
+    if _chunk_of(self, layer) is None:
+        return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
+    kernel = self.extend_attention_fwd
+    self.extend_attention_fwd = functools.partial(kernel, skip_prefix_custom_mask=False)
+    try:
+        return _with_rail(original, _tree_fields, self, q, k, v, layer, forward_batch, *args, **kwargs)
+    finally:
+        self.extend_attention_fwd = kernel
+
+
 def _chain_verify(forward_batch, chunk: int) -> bool:
     """A target verify of a chain of at most ``chunk`` draft tokens (topk 1)."""
     spec = getattr(forward_batch, "spec_info", None)
@@ -212,10 +270,13 @@ def _chunked_extend(original, self, q, k, v, layer, forward_batch, *args, **kwar
     chunk = vars(self).get(CHUNK)
     build = (_extend_fields if _plain_extend(forward_batch)
              else _verify_fields if chunk and _chain_verify(forward_batch, chunk) else None)
+    if build is None and chunk and _tree_verify(forward_batch) and TREE in FIX.previews_on:
+        return _with_prefix_mask(original, self, q, k, v, layer, forward_batch, *args, **kwargs)
     if build is None:
         if forward_batch.forward_mode.is_target_verify() and _chunked(self, layer):
             tree = (getattr(forward_batch.spec_info, "topk", None) or 1) > 1
-            _uncovered("EAGLE tree verify (topk > 1; topk 1 and the fa3 backend are corrected)" if tree
+            _uncovered(f"EAGLE tree verify (topk > 1; topk 1 and the fa3 backend are corrected; the preview "
+                       f"SGLANG_SWA_PLUGIN_PREVIEW={TREE} corrects it, not yet run on a GPU)" if tree
                        else "EAGLE verify of more draft tokens than the chunk")
         return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
     return _with_rail(original, build, self, q, k, v, layer, forward_batch, *args, **kwargs)
@@ -263,6 +324,8 @@ class TritonLocalAttnFix(Fix):
     name = NAME
     summary = "triton: Llama 4's chunked layers attend their own chunk (decode and extend)"
     upstream_prs = ()
+    previews = {TREE: "Llama 4's EAGLE tree verify (topk > 1) on triton: each draft attends its chunk's cached keys "
+                      "and its tree ancestors in that chunk"}
     targets = (INIT, DECODE, EXTEND)
     target_params = {INIT: ("self", "model_runner"), DECODE: ("self", "q", "k", "v", "layer", "forward_batch"),
                      EXTEND: ("self", "q", "k", "v", "layer", "forward_batch")}

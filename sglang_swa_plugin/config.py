@@ -8,6 +8,9 @@ SGLANG_SWA_PLUGIN_FIXES  all (default) | comma list of fix names (any case); "-n
 SGLANG_SWA_PLUGIN_STRICT off (default) | 1: a selected fix that is needed but cannot be
                          installed, or a bad setting, stops the server start
 SGLANG_SWA_PLUGIN_GUARD  off (default) | 1: install the SWA index guard
+SGLANG_SWA_PLUGIN_PREVIEW none (default) | comma list of preview names (any case): paths of a
+                         fix not yet run on a GPU against the model, off unless named here
+                         (``Fix.previews`` lists each fix's)
 
 Booleans accept 1/true/on/yes and 0/false/off/no (any case). A bad value never lowers
 protection: the variable falls back to its default (plugin on, all fixes, guard off) and is
@@ -31,7 +34,8 @@ ENABLE = "SGLANG_SWA_PLUGIN"
 FIXES = "SGLANG_SWA_PLUGIN_FIXES"
 STRICT = "SGLANG_SWA_PLUGIN_STRICT"
 GUARD = "SGLANG_SWA_PLUGIN_GUARD"
-ALL_VARS = (ENABLE, FIXES, STRICT, GUARD)
+PREVIEW = "SGLANG_SWA_PLUGIN_PREVIEW"
+ALL_VARS = (ENABLE, FIXES, STRICT, GUARD, PREVIEW)
 SGLANG_PLUGINS = "SGLANG_PLUGINS"  # sglang's allow-list of plugins
 
 _TRUE = {"1", "true", "on", "yes"}
@@ -63,6 +67,7 @@ class Config:
     guard: bool = False
     include: Optional[FrozenSet[str]] = None  # None: all fixes (names in lower case)
     exclude: FrozenSet[str] = frozenset()
+    previews: FrozenSet[str] = frozenset()  # preview names turned on (lower case)
     raw: Mapping[str, Optional[str]] = field(default_factory=dict)
     bad: Tuple[BadSetting, ...] = ()
 
@@ -81,19 +86,29 @@ class Config:
         named = set(self.include or ()) | set(self.exclude)
         return sorted(named - {k.lower() for k in known})
 
-    def checked_against(self, known: Sequence[str]) -> "Config":
-        """This configuration checked against the fixes that exist: where
-        SGLANG_SWA_PLUGIN_FIXES names one that does not, it falls back to all fixes. With
-        the plugin off nothing is selected, so nothing is checked."""
+    def checked_against(self, known: Sequence[str], previews: Sequence[str] = ()) -> "Config":
+        """This configuration checked against the fixes and the previews that exist: where
+        SGLANG_SWA_PLUGIN_FIXES names a fix that does not, it falls back to all fixes; where
+        SGLANG_SWA_PLUGIN_PREVIEW names a preview that does not, to no previews. With the
+        plugin off nothing is selected, so nothing is checked."""
+        cfg = self
         unknown = self.unknown_fix_names(known) if self.enabled else []
-        if not unknown:
-            return self
-        bad = BadSetting(
-            FIXES, self.raw.get(FIXES) or "", f"names unknown fix(es) {', '.join(repr(u) for u in unknown)}",
-            FIX_NAMES_VALID + ": " + ", ".join(known),
-            "the default (all fixes)",
-        )
-        return dataclasses.replace(self, include=None, exclude=frozenset(), bad=self.bad + (bad,))
+        if unknown:
+            bad = BadSetting(
+                FIXES, self.raw.get(FIXES) or "", f"names unknown fix(es) {', '.join(repr(u) for u in unknown)}",
+                FIX_NAMES_VALID + ": " + ", ".join(known),
+                "the default (all fixes)",
+            )
+            cfg = dataclasses.replace(cfg, include=None, exclude=frozenset(), bad=cfg.bad + (bad,))
+        unknown = sorted(self.previews - {p.lower() for p in previews}) if self.enabled else []
+        if unknown:
+            bad = BadSetting(
+                PREVIEW, self.raw.get(PREVIEW) or "", f"names unknown preview(s) {', '.join(repr(u) for u in unknown)}",
+                "a comma list of: " + (", ".join(previews) or "(no fix has a preview)"),
+                "the default (no previews)",
+            )
+            cfg = dataclasses.replace(cfg, previews=frozenset(), bad=cfg.bad + (bad,))
+        return cfg
 
     def as_dict(self) -> Dict[str, object]:
         return {
@@ -102,6 +117,7 @@ class Config:
             "guard": self.guard,
             "fixes": "all" if self.include is None else sorted(self.include),
             "excluded": sorted(self.exclude),
+            "previews": sorted(self.previews),
             "env": dict(self.raw),
             "errors": list(self.errors),
         }
@@ -147,12 +163,14 @@ def parse(env: Optional[Mapping[str, str]] = None) -> Config:
     strict = _bool(env, STRICT, False, bad, if_bad=True)
     guard = _bool(env, GUARD, False, bad)
     include, exclude = _fix_names(env.get(FIXES))
+    previews = frozenset(x.strip().lower() for x in (env.get(PREVIEW) or "").split(",") if x.strip())
     return Config(
         enabled=enabled,
         strict=strict,
         guard=guard,
         include=include,
         exclude=exclude,
+        previews=previews,
         raw={v: env.get(v) for v in ALL_VARS},
         bad=tuple(bad),
     )

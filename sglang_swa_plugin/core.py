@@ -51,6 +51,7 @@ class FixRecord:
     via: Optional[str] = None  # HookRegistry / direct, when installed
     installed_targets: List[str] = field(default_factory=list)
     selected: bool = True
+    previews: Dict[str, dict] = field(default_factory=dict)  # name -> {"what": ..., "on": bool}
     originals: Dict[str, Any] = field(default_factory=dict, repr=False)  # target -> unhooked object
 
     def in_effect(self) -> bool:
@@ -177,6 +178,7 @@ def _record(fix: Fix, source: str, status: str, reason: str, selected: bool = Tr
         reason=reason,
         source=source,
         selected=selected,
+        previews={p: {"what": what, "on": p in fix.previews_on} for p, what in fix.previews.items()},
     )
 
 
@@ -204,6 +206,8 @@ def decide(fix: Fix, source: str, cfg: _config.Config, hooks_factory) -> FixReco
     """Decide one fix and, when it is needed, install it with ``hooks_factory(name)``. An
     installed fix is ``applied`` (direct patching) or ``pending`` (HookRegistry) until
     :meth:`FixRecord.verify` has checked that its hooks are in effect."""
+    # the fix's previews that the settings turn on, for its hooks (off wherever it is not installed)
+    fix.previews_on = frozenset(p for p in fix.previews if p.lower() in cfg.previews and cfg.enabled)
     if not cfg.enabled:
         return _record(fix, source, DISABLED, f"{_config.ENABLE}={cfg.raw.get(_config.ENABLE)}", False)
     if fix.opt_in and not getattr(cfg, fix.opt_in, False):

@@ -155,7 +155,7 @@ def _trial(fix, source, cfg) -> dict:
 def settings(fixes) -> _config.Config:
     """The settings as ``register()`` reads them: parsed, then checked against the fixes that
     exist (an unknown fix name falls back to all fixes)."""
-    return _config.parse().checked_against([f.name for f, _ in fixes])
+    return _config.parse().checked_against([f.name for f, _ in fixes], [p for f, _ in fixes for p in f.previews])
 
 
 def fix_records(fixes, cfg: _config.Config) -> "tuple[List[dict], dict]":
@@ -208,7 +208,7 @@ def print_doctor(rep: dict) -> None:
       + ("" if rep["allowed_by_SGLANG_PLUGINS"] else f"  (excluded by SGLANG_PLUGINS={rep['SGLANG_PLUGINS']})"))
     p(f"loaded by:         {rep['loaded_by']}")
     for var in _config.ALL_VARS:
-        p(f"{var + ':':<26}{rep['config']['env'].get(var) or '(unset)'}")
+        p(f"{var + ':':<27}{rep['config']['env'].get(var) or '(unset)'}")
     p(f"guard:             {'on' if rep['config']['guard'] else 'off'}")
     for err in rep["config"]["errors"]:
         p(f"BAD SETTING: {err}")
@@ -218,6 +218,9 @@ def print_doctor(rep: dict) -> None:
     for r in rep["fixes"]:
         p(f"  {r['name']:<{w}}  {r['status']:<14} {r['reason']}")
         p(f"  {'':<{w}}  {'':<14} upstream: {', '.join(r['upstream_prs']) or '-'}; {r['summary']}")
+        for name, preview in r.get("previews", {}).items():
+            turn = "on" if preview["on"] else f"off; {_config.PREVIEW}={name} turns it on"
+            p(f"  {'':<{w}}  {'':<14} preview {name} ({turn}): {preview['what']}")
         if r["source"] != "builtin":
             p(f"  {'':<{w}}  {'':<14} from {r['source']}")
     if not rep["fixes"]:

@@ -46,7 +46,7 @@ import re
 from dataclasses import dataclass
 import functools
 import inspect
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Sequence, Tuple
 
 import pluggy
 
@@ -196,6 +196,11 @@ class Fix:
     # Name of a boolean Config field that must be on for this fix to be considered at all
     # (e.g. "guard" for the opt-in index guard); None: always considered.
     opt_in: Optional[str] = None
+    # Paths of the fix not yet run on a GPU against the model: {name: what it covers}; each is
+    # off (the path left as sglang runs it) unless SGLANG_SWA_PLUGIN_PREVIEW names it.
+    previews: Mapping[str, str] = {}
+    # The previews turned on where the fix was last decided (``core.decide``); its hooks read it.
+    previews_on: FrozenSet[str] = frozenset()
     # Dotted name of the module with the fix's CPU scenario (``scenario()``, ``reproduce()``);
     # imported only by ``reproduce`` (``check``, tests), never at start-up.
     check_module: Optional[str] = None

@@ -69,7 +69,7 @@ def _register(loaded_via: str) -> None:
     cfg = _config.get()
     fixes = load_fixes()
     if cfg.enabled:
-        cfg = cfg.checked_against([f.name for f, _ in fixes])
+        cfg = cfg.checked_against([f.name for f, _ in fixes], [p for f, _ in fixes for p in f.previews])
     STATE.config = cfg
     for err in cfg.errors:
         emit(logging.ERROR, "sglang-swa-plugin: %s", err)

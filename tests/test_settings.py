@@ -117,6 +117,34 @@ def test_a_malformed_strict_value_reads_as_on_in_one_coherent_message():
     assert "safe reading" not in msg and "using the default" not in msg, msg
 
 
+PREVIEWS = ["triton_local_attn_tree"]
+
+
+def test_a_preview_is_off_unless_named_and_an_unknown_name_turns_none_on():
+    c = config.parse({}).checked_against(BUILTIN_NAMES, PREVIEWS)
+    assert c.previews == frozenset() and not c.errors
+    c = config.parse({config.PREVIEW: " Triton_Local_Attn_Tree "}).checked_against(BUILTIN_NAMES, PREVIEWS)
+    assert c.previews == {"triton_local_attn_tree"} and not c.errors
+    c = config.parse({config.PREVIEW: "triton_local_attn_tree,bogus"}).checked_against(BUILTIN_NAMES, PREVIEWS)
+    assert c.previews == frozenset() and len(c.errors) == 1, c
+    assert "SGLANG_SWA_PLUGIN_PREVIEW='triton_local_attn_tree,bogus' names unknown preview(s) 'bogus'" in c.errors[0]
+    assert "triton_local_attn_tree" in c.errors[0].split("valid values:")[1], c.errors[0]
+
+
+@pytest.mark.parametrize("value,on", [(None, False), ("triton_local_attn_tree", True), ("bogus", False)])
+def test_a_named_preview_reaches_its_fix_at_start_up(value, on):
+    """What a server's process registers: the fix's record says whether its preview is on, and the
+    fix's hooks read the same (``Fix.previews_on``)."""
+    code = REGISTER + (
+        "from sglang_swa_plugin.hooks import triton_local_attn as t\n"
+        "print('ON=' + json.dumps(sorted(t.FIX.previews_on)))\n")
+    proc = run_child(code, **({config.PREVIEW: value} if value else {}))
+    rec = child_json(proc)["fixes"]["triton_local_attn"]
+    assert rec["previews"]["triton_local_attn_tree"]["on"] is on, rec
+    assert child_json(proc, "ON") == (["triton_local_attn_tree"] if on else []), proc.stdout
+    assert (len(_errors(proc)) == 1) is (value == "bogus"), proc.stderr[-3000:]
+
+
 def test_with_the_plugin_off_fix_names_are_not_checked():
     c = config.parse({config.ENABLE: "0", config.FIXES: "bogus"}).checked_against(BUILTIN_NAMES)
     assert not c.enabled and not c.errors

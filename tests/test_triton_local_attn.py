@@ -4,14 +4,19 @@ extend, on a chain's target verify and on decode (eager, and CUDA-graph capture 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 
 from sglang_swa_plugin.fix import Verdict
 from sglang_swa_plugin.hooks import triton_local_attn as tla
 
-from helpers import fixed_alone, methods_alone, scenario_or_skip, skip_unless_needed
+from helpers import HERE, child_env, fixed_alone, methods_alone, scenario_or_skip, skip_unless_needed
 
 FIX = tla.FIX
 PATHS = ("extend", "verify", "decode", "capture", "replay")
@@ -111,6 +116,7 @@ def test_a_tree_verify_runs_as_sglang_runs_it_and_is_named_once(caplog):
     positions = torch.cat([torch.arange(m, m + n) for m in lens])
     tla._warned.clear()
     calls = []
+    FIX.previews_on = frozenset()  # the preview off, as by default
     with fixed_alone(FIX, _methods()), caplog.at_level(logging.WARNING):
         env = sc.build()
         fb = env.tb.make_forward_batch(env.runner, "target_verify", req_pool_indices=env.rows[:3], seq_lens=list(lens),
@@ -123,3 +129,82 @@ def test_a_tree_verify_runs_as_sglang_runs_it_and_is_named_once(caplog):
     assert int(call["kv_indptr"][-1]) == sum(lens), call  # the whole context, as stock
     named = [r.getMessage() for r in caplog.records if "topk > 1" in r.getMessage()]
     assert len(named) == 1 and "not corrected" in named[0], named
+    assert f"SGLANG_SWA_PLUGIN_PREVIEW={tla.TREE}" in named[0], named  # what turns the correction on
+
+
+def test_the_tree_preview_gives_each_draft_its_chunk_through_sglangs_kernel():
+    """The preview on, EAGLE topk 2 (two tree shapes, drafts crossing a chunk boundary, one starting
+    a chunk) through sglang's own Triton extend kernel (Triton's interpreter, CPU): every output
+    row is the model's attention (float32); stock's are not. Seeds: ``TREE_SEEDS`` (default 0,1)."""
+    skip_unless_needed(FIX)
+    seeds = os.environ.get("TREE_SEEDS", "0,1")
+    proc = subprocess.run([sys.executable, str(HERE / "interpreted_tree_verify.py")], capture_output=True, text=True,
+                          timeout=600, env=child_env(PYTHONPATH=str(HERE), TRITON_INTERPRET="1", SEEDS=seeds))
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and len(rows) == 2 * len(seeds.split(",")), proc.stdout + proc.stderr[-3000:]
+    for row in rows:
+        assert row["fixed"] < 1e-5, row  # float32 rounding
+        assert row["stock"] > 0.1, row  # stock attends other keys: the comparison can fail
+
+
+def test_the_tree_rail_replays_from_the_batch_buffers_without_a_sync():
+    """The preview's rail built inside a (CPU stand-in of a) CUDA-graph capture: no host-device sync,
+    and a replay after the batch's buffers (lengths, positions, sglang's tree mask and its offsets)
+    took another batch gives what that batch builds eagerly."""
+    import torch
+
+    from cpu_graph import CpuGraph
+    from sglang_swa_plugin.check import triton_local_attn as sc
+    from sglang_swa_plugin.check.fa3_spec_translate import verify_input
+    from sglang_swa_plugin.check.flashinfer_swa_verify import KvIndicesTwin
+    from sglang_swa_plugin.check.triton_swa_draft import cpu_triton
+    from sglang_swa_plugin.probe import optional_module, swapped
+
+    skip_unless_needed(FIX)
+    n, parent = 4, (-1, 0, 0, 1)
+    tree = torch.tensor([[k in {i, parent[i], 0} or (i == 3 and k == 1) for k in range(n)] for i in range(n)])
+
+    def batch(lens):
+        mask = torch.cat([torch.cat([torch.ones(n, m, dtype=torch.bool), tree], 1).flatten() for m in lens])
+        positions = torch.cat([torch.tensor([m, m + 1, m + 1, m + 2]) for m in lens])
+        return mask, positions
+
+    graph = CpuGraph()
+
+    class GraphedGather:  # sglang's gather as one recorded kernel (its torch twin)
+        def __getitem__(self, grid):
+            return graph.kernel(KvIndicesTwin()[grid])
+
+    with fixed_alone(FIX, _methods()):
+        env = sc.build()
+        lens = [14, 6, 3]
+        mask, positions = batch(lens)
+        fb = env.tb.make_forward_batch(env.runner, "target_verify", req_pool_indices=env.rows[:3], seq_lens=lens,
+                                       spec_info=verify_input(mask, lens, 2, n, positions), attn_backend=env.backend)
+        fb.positions = positions.clone()
+        with cpu_triton(env.backend, []):
+            env.backend.init_forward_metadata(fb)
+        md = env.backend.forward_metadata
+        md.custom_mask = torch.cat([md.custom_mask, torch.zeros(4096, dtype=md.custom_mask.dtype)])  # static room
+        with contextlib.ExitStack() as stack:
+            for module in dict.fromkeys(optional_module(m) for m in tla.GATHER_MODULES):
+                if hasattr(module, tla.GATHER):
+                    stack.enter_context(swapped(module, tla.GATHER, GraphedGather()))
+            with graph.capture():
+                captured = tla._tree_fields(env.backend, fb, sc.CHUNK, True)
+            assert graph.syncs == [], graph.syncs
+            # the next batch in the same buffers, then the replay
+            lens2 = [16, 7, 21]
+            mask2, positions2 = batch(lens2)
+            fb.seq_lens.copy_(torch.tensor(lens2, dtype=fb.seq_lens.dtype))
+            fb.positions.copy_(positions2)
+            md.custom_mask[: mask2.numel()] = mask2.to(md.custom_mask.dtype)
+            md.mask_indptr[1:] = torch.cumsum(torch.tensor([n * (m + n) for m in lens2]), 0).to(md.mask_indptr.dtype)
+            graph.replay()
+            eager = tla._tree_fields(env.backend, fb, sc.CHUNK, True)
+    for name in ("kv_indptr", "kv_indices", "mask_indptr", "custom_mask"):
+        assert torch.equal(captured[name], eager[name]), name
+    # and the replayed mask is the second batch's, not the first's: request 2 (21 keys, drafts 21..23)
+    # sees its chunk's 5 cached keys, request 0 (16 keys) none
+    width = [m % sc.CHUNK + n for m in lens2]
+    assert captured["mask_indptr"].tolist() == [0, n * width[0], n * (width[0] + width[1]), n * sum(width)]

@@ -21,9 +21,9 @@ VERIFY_LENS, DRAFTS = (14, 6, 3), 4  # a chain's drafts at 14..17 and 6..9 cross
 REPLAY_LENS = (9, 24, 3)
 
 
-def build() -> SimpleNamespace:
-    """Pool, Llama 4 runner, backend (CUDA-graph state for 4 requests), requests of 24 tokens, and
-    the chunked layer."""
+def build(drafts: int = DRAFTS) -> SimpleNamespace:
+    """Pool, Llama 4 runner (EAGLE3, ``drafts`` draft tokens), backend (CUDA-graph state for 4
+    requests), requests of 24 tokens, and the chunked layer."""
     from . import testbed as tb
 
     pool = tb.make_swa_pool(size=512, size_swa=256)
@@ -32,10 +32,10 @@ def build() -> SimpleNamespace:
     rtt = tb.make_req_to_token_pool(size=8, max_context_len=64)
     runner = tb.make_model_runner(kv_pool=pool, allocator=alloc, req_to_token_pool=rtt, model="llama4",
                                   attention_backend="triton", spec_algorithm="EAGLE3", topk=1,
-                                  num_steps=DRAFTS - 1, num_draft_tokens=DRAFTS)
+                                  num_steps=drafts - 1, num_draft_tokens=drafts)
     runner.attention_chunk_size = runner.sliding_window_size = CHUNK  # as ModelRunner sets them for Llama 4
-    backend = triton_backend(runner, DRAFTS)
-    backend.init_cuda_graph_state(4, 4 * DRAFTS)
+    backend = triton_backend(runner, drafts)
+    backend.init_cuda_graph_state(4, 4 * drafts)
     tokens = [tb.alloc_tokens(alloc, 24) for _ in range(4)]
     rows, _ = tb.fill_requests(rtt, tokens)
     layer = tb.swa_layer(pool, runner)

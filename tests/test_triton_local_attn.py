@@ -132,16 +132,19 @@ def test_a_tree_verify_runs_as_sglang_runs_it_and_is_named_once(caplog):
     assert f"SGLANG_SWA_PLUGIN_PREVIEW={tla.TREE}" in named[0], named  # what turns the correction on
 
 
-def test_the_tree_preview_gives_each_draft_its_chunk_through_sglangs_kernel():
-    """The preview on, EAGLE topk 2 (two tree shapes, drafts crossing a chunk boundary, one starting
-    a chunk) through sglang's own Triton extend kernel (Triton's interpreter, CPU): every output
-    row is the model's attention (float32); stock's are not. Seeds: ``TREE_SEEDS`` (default 0,1)."""
+def test_each_query_attends_its_chunk_through_sglangs_kernels():
+    """Through sglang's own Triton kernels (Triton's interpreter, CPU; float32): a plain extend
+    crossing a chunk boundary, a decode batch, a chain's verify and, with the preview on, two EAGLE
+    trees' (drafts crossing a boundary, starting a chunk): every output row is the model's
+    attention with the fix; stock's are not. Seeds: ``TREE_SEEDS`` (default 0,1)."""
     skip_unless_needed(FIX)
-    seeds = os.environ.get("TREE_SEEDS", "0,1")
-    proc = subprocess.run([sys.executable, str(HERE / "interpreted_tree_verify.py")], capture_output=True, text=True,
-                          timeout=600, env=child_env(PYTHONPATH=str(HERE), TRITON_INTERPRET="1", SEEDS=seeds))
+    seeds = os.environ.get("TREE_SEEDS", "0,1").split(",")
+    proc = subprocess.run([sys.executable, str(HERE / "interpreted_local_attn.py")], capture_output=True, text=True,
+                          timeout=600, env=child_env(PYTHONPATH=str(HERE), TRITON_INTERPRET="1", SEEDS=",".join(seeds)))
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert proc.returncode == 0 and len(rows) == 2 * len(seeds.split(",")), proc.stdout + proc.stderr[-3000:]
+    paths = {"extend", "decode", "verify-chain", "verify-tree-depth2", "verify-tree-depth3"}
+    assert proc.returncode == 0 and len(rows) == len(paths) * len(seeds), proc.stdout + proc.stderr[-3000:]
+    assert {r["path"] for r in rows} == paths, rows
     for row in rows:
         assert row["fixed"] < 1e-5, row  # float32 rounding
         assert row["stock"] > 0.1, row  # stock attends other keys: the comparison can fail

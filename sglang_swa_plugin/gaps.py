@@ -28,7 +28,7 @@ class Gap:
 
 
 GAPS: Tuple[Gap, ...] = (
-    Gap("Llama 4", "trtllm_mha, every mode",
+    Gap("Llama 4", "trtllm_mha, every mode (sglang's choice for Llama 4 on Blackwell, sm100; seen on an H200)",
         "wrong tokens past the first chunk: the chunked layers run as a sliding window", "fa3, or triton"),
     Gap("Llama 4", "triton, EAGLE/EAGLE3 topk > 1",
         "wrong tokens past the first chunk (the server log says so once)",

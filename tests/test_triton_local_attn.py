@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from sglang_swa_plugin.fix import Verdict
 from sglang_swa_plugin.hooks import triton_local_attn as tla
 
-from helpers import HERE, child_env, fixed_alone, methods_alone, scenario_or_skip, skip_unless_needed
+from helpers import fixed_alone, methods_alone, scenario_or_skip, skip_unless_needed
 
 FIX = tla.FIX
 PATHS = ("extend", "verify", "decode", "capture", "replay")
@@ -137,14 +134,13 @@ def test_each_query_attends_its_chunk_through_sglangs_kernels():
     crossing a chunk boundary, a decode batch, a chain's verify and, with the preview on, two EAGLE
     trees' (drafts crossing a boundary, starting a chunk): every output row is the model's
     attention with the fix; stock's are not. Seeds: ``TREE_SEEDS`` (default 0,1)."""
+    from interpreted import run_script
+
     skip_unless_needed(FIX)
     seeds = os.environ.get("TREE_SEEDS", "0,1").split(",")
-    proc = subprocess.run([sys.executable, str(HERE / "interpreted_local_attn.py")], capture_output=True, text=True,
-                          timeout=600, env=child_env(PYTHONPATH=str(HERE), TRITON_INTERPRET="1", SEEDS=",".join(seeds)))
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    rows = run_script("interpreted_local_attn.py", seeds)
     paths = {"extend", "decode", "verify-chain", "verify-tree-depth2", "verify-tree-depth3"}
-    assert proc.returncode == 0 and len(rows) == len(paths) * len(seeds), proc.stdout + proc.stderr[-3000:]
-    assert {r["path"] for r in rows} == paths, rows
+    assert len(rows) == len(paths) * len(seeds) and {r["path"] for r in rows} == paths, rows
     for row in rows:
         assert row["fixed"] < 1e-5, row  # float32 rounding
         assert row["stock"] > 0.1, row  # stock attends other keys: the comparison can fail

@@ -5,6 +5,7 @@ each request (the model's rule, and triton's own extend kernel's), eager and in 
 from __future__ import annotations
 
 import importlib
+import os
 
 import pytest
 
@@ -89,3 +90,18 @@ def test_detection_reads_the_installed_rule():
     keeps = bool(tw._KEEPS_WINDOW.search(text))
     assert (FIX.detect().verdict is Verdict.NEEDED) == (keeps and not tw._KEEPS_WINDOW_PLUS_ONE.search(text))
     assert tw._extend_kernel_module(mod.TritonAttnBackend), "extend_attention_fwd's module not found"
+
+
+def test_decode_is_the_models_attention_through_sglangs_kernel():
+    """Through sglang's own Triton decode kernel (Triton's interpreter, CPU; float32), requests
+    longer and shorter than the window: every output row is the model's attention (window + 1
+    keys) with the fix; stock's are not. Seeds: ``WINDOW_SEEDS`` (default 0,1)."""
+    from interpreted import run_script
+
+    skip_unless_needed(FIX)
+    seeds = os.environ.get("WINDOW_SEEDS", "0,1").split(",")
+    rows = run_script("interpreted_swa_window.py", seeds)
+    assert len(rows) == len(seeds) and {r["path"] for r in rows} == {"decode"}, rows
+    for row in rows:
+        assert row["fixed"] < 1e-5, row  # float32 rounding
+        assert row["stock"] > 0.1, row  # stock leaves out the window's first key: the comparison can fail

@@ -219,19 +219,6 @@ def _tree_verify(forward_batch) -> bool:
             and getattr(spec, "draft_token_num", 0) > 0)
 
 
-def _with_prefix_mask(original, self, q, k, v, layer, forward_batch, *args, **kwargs):
-    """``original`` on the tree rail, its kernel reading the mask's cached-key cells too
-    (``skip_prefix_custom_mask=False``: the mask hides the chunk's keys from drafts past it)."""
-    if _chunk_of(self, layer) is None:
-        return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
-    kernel = self.extend_attention_fwd
-    self.extend_attention_fwd = functools.partial(kernel, skip_prefix_custom_mask=False)
-    try:
-        return _with_rail(original, _tree_fields, self, q, k, v, layer, forward_batch, *args, **kwargs)
-    finally:
-        self.extend_attention_fwd = kernel
-
-
 def _chain_verify(forward_batch, chunk: int) -> bool:
     """A target verify of a chain of at most ``chunk`` draft tokens (topk 1)."""
     spec = getattr(forward_batch, "spec_info", None)
@@ -239,10 +226,12 @@ def _chain_verify(forward_batch, chunk: int) -> bool:
             and 0 < getattr(spec, "draft_token_num", 0) <= chunk)
 
 
-def _with_rail(original, build, self, q, k, v, layer, forward_batch, *args, **kwargs):
+def _with_rail(original, build, self, q, k, v, layer, forward_batch, *args, prefix_mask: bool = False, **kwargs):
     """For a chunked layer, ``original`` runs with the batch's chunk rail (``build``'s fields) in place
     of the whole-context one, built once per forward and pool part and shared by the layers; the
-    backend's metadata is put back after the call."""
+    backend's metadata is put back after the call. ``prefix_mask``: the extend kernel reads the
+    rail's mask over the cached keys too (``skip_prefix_custom_mask=False``; a tree's rail hides
+    the chunk's keys from drafts past it)."""
     chunk = _chunk_of(self, layer)
     if chunk is None:
         return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
@@ -253,10 +242,15 @@ def _with_rail(original, build, self, q, k, v, layer, forward_batch, *args, **kw
         rail = vars(self)[RAIL] = (metadata, forward_batch.seq_lens, key,
                                    dataclasses.replace(metadata, **build(self, forward_batch, chunk, key[0])))
     self.forward_metadata = rail[3]
+    kernel = self.extend_attention_fwd if prefix_mask else None
+    if kernel is not None:
+        self.extend_attention_fwd = functools.partial(kernel, skip_prefix_custom_mask=False)
     try:
         return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
     finally:
         self.forward_metadata = metadata
+        if kernel is not None:
+            self.extend_attention_fwd = kernel
 
 
 def _chunked_decode(original, self, q, k, v, layer, forward_batch, *args, **kwargs):
@@ -267,19 +261,19 @@ def _chunked_decode(original, self, q, k, v, layer, forward_batch, *args, **kwar
 def _chunked_extend(original, self, q, k, v, layer, forward_batch, *args, **kwargs):
     """Around ``forward_extend``: a plain extend, or a chain's target verify (a tree's verify and a
     draft extend are not covered)."""
-    chunk = vars(self).get(CHUNK)
-    build = (_extend_fields if _plain_extend(forward_batch)
-             else _verify_fields if chunk and _chain_verify(forward_batch, chunk) else None)
-    if build is None and chunk and _tree_verify(forward_batch) and TREE in FIX.previews_on:
-        return _with_prefix_mask(original, self, q, k, v, layer, forward_batch, *args, **kwargs)
-    if build is None:
-        if forward_batch.forward_mode.is_target_verify() and _chunked(self, layer):
-            tree = (getattr(forward_batch.spec_info, "topk", None) or 1) > 1
-            _uncovered(f"EAGLE tree verify (topk > 1; topk 1 and the fa3 backend are corrected; the preview "
-                       f"SGLANG_SWA_PLUGIN_PREVIEW={TREE} corrects it, not yet run on a GPU)" if tree
-                       else "EAGLE verify of more draft tokens than the chunk")
-        return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
-    return _with_rail(original, build, self, q, k, v, layer, forward_batch, *args, **kwargs)
+    chunk, call = vars(self).get(CHUNK), (self, q, k, v, layer, forward_batch, *args)
+    if _plain_extend(forward_batch):
+        return _with_rail(original, _extend_fields, *call, **kwargs)
+    if chunk and _chain_verify(forward_batch, chunk):
+        return _with_rail(original, _verify_fields, *call, **kwargs)
+    tree = _tree_verify(forward_batch)
+    if chunk and tree and TREE in FIX.previews_on:
+        return _with_rail(original, _tree_fields, *call, prefix_mask=True, **kwargs)
+    if forward_batch.forward_mode.is_target_verify() and _chunked(self, layer):
+        _uncovered(f"EAGLE tree verify (topk > 1; topk 1 and the fa3 backend are corrected; the preview "
+                   f"SGLANG_SWA_PLUGIN_PREVIEW={TREE} corrects it, not yet run on a GPU)" if tree
+                   else "EAGLE verify of more draft tokens than the chunk")
+    return original(*call, **kwargs)
 
 
 def _capturing() -> bool:

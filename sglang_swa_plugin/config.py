@@ -91,24 +91,21 @@ class Config:
         SGLANG_SWA_PLUGIN_FIXES names a fix that does not, it falls back to all fixes; where
         SGLANG_SWA_PLUGIN_PREVIEW names a preview that does not, to no previews. With the
         plugin off nothing is selected, so nothing is checked."""
-        cfg = self
-        unknown = self.unknown_fix_names(known) if self.enabled else []
-        if unknown:
-            bad = BadSetting(
-                FIXES, self.raw.get(FIXES) or "", f"names unknown fix(es) {', '.join(repr(u) for u in unknown)}",
-                FIX_NAMES_VALID + ": " + ", ".join(known),
-                "the default (all fixes)",
-            )
-            cfg = dataclasses.replace(cfg, include=None, exclude=frozenset(), bad=cfg.bad + (bad,))
-        unknown = sorted(self.previews - {p.lower() for p in previews}) if self.enabled else []
-        if unknown:
-            bad = BadSetting(
-                PREVIEW, self.raw.get(PREVIEW) or "", f"names unknown preview(s) {', '.join(repr(u) for u in unknown)}",
-                "a comma list of: " + (", ".join(previews) or "(no fix has a preview)"),
-                "the default (no previews)",
-            )
-            cfg = dataclasses.replace(cfg, previews=frozenset(), bad=cfg.bad + (bad,))
-        return cfg
+        if not self.enabled:
+            return self
+        cfg = self._fall_back(FIXES, "fix(es)", self.unknown_fix_names(known), FIX_NAMES_VALID + ": " + ", ".join(known),
+                              "the default (all fixes)", include=None, exclude=frozenset())
+        return cfg._fall_back(PREVIEW, "preview(s)", sorted(self.previews - {p.lower() for p in previews}),
+                              "a comma list of: " + (", ".join(previews) or "(no fix has a preview)"),
+                              "the default (no previews)", previews=frozenset())
+
+    def _fall_back(self, var: str, what: str, unknown: List[str], valid: str, used: str, **default) -> "Config":
+        """Where ``var`` names ``unknown`` ones: ``default`` in their place, and the bad setting reported."""
+        if not unknown:
+            return self
+        bad = BadSetting(var, self.raw.get(var) or "", f"names unknown {what} {', '.join(repr(u) for u in unknown)}",
+                         valid, used)
+        return dataclasses.replace(self, **default, bad=self.bad + (bad,))
 
     def as_dict(self) -> Dict[str, object]:
         return {

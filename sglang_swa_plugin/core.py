@@ -202,12 +202,17 @@ def safe_detect(fix: Fix) -> Detection:
     return det
 
 
+def checked_settings(cfg: _config.Config, fixes) -> _config.Config:
+    """``cfg`` checked against the names the loaded ``fixes`` (``load_fixes()``) and their previews have."""
+    return cfg.checked_against([f.name for f, _ in fixes], [p for f, _ in fixes for p in f.previews])
+
+
 def decide(fix: Fix, source: str, cfg: _config.Config, hooks_factory) -> FixRecord:
     """Decide one fix and, when it is needed, install it with ``hooks_factory(name)``. An
     installed fix is ``applied`` (direct patching) or ``pending`` (HookRegistry) until
     :meth:`FixRecord.verify` has checked that its hooks are in effect."""
     # the fix's previews that the settings turn on, for its hooks (off wherever it is not installed)
-    fix.previews_on = frozenset(p for p in fix.previews if p.lower() in cfg.previews and cfg.enabled)
+    fix.previews_on = frozenset(p for p in fix.previews if p.lower() in cfg.previews) if cfg.enabled else frozenset()
     if not cfg.enabled:
         return _record(fix, source, DISABLED, f"{_config.ENABLE}={cfg.raw.get(_config.ENABLE)}", False)
     if fix.opt_in and not getattr(cfg, fix.opt_in, False):

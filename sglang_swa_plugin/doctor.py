@@ -17,7 +17,7 @@ from typing import List, Optional
 from . import __version__
 from . import config as _config
 from . import gaps as _gaps
-from .core import ERROR, PROBLEMS, UNKNOWN, broken_records, decide, load_fixes
+from .core import ERROR, PROBLEMS, UNKNOWN, broken_records, checked_settings, decide, load_fixes
 from .patching import DirectHooks
 
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
@@ -153,9 +153,9 @@ def _trial(fix, source, cfg) -> dict:
 
 
 def settings(fixes) -> _config.Config:
-    """The settings as ``register()`` reads them: parsed, then checked against the fixes that
-    exist (an unknown fix name falls back to all fixes)."""
-    return _config.parse().checked_against([f.name for f, _ in fixes], [p for f, _ in fixes for p in f.previews])
+    """The settings as ``register()`` reads them: parsed, then checked against the fixes and
+    previews that exist (an unknown fix name falls back to all fixes, an unknown preview to none)."""
+    return checked_settings(_config.parse(), fixes)
 
 
 def fix_records(fixes, cfg: _config.Config) -> "tuple[List[dict], dict]":
@@ -207,8 +207,9 @@ def print_doctor(rep: dict) -> None:
     p(f"entry point:       {rep['entry_point'] or 'NOT FOUND'}"
       + ("" if rep["allowed_by_SGLANG_PLUGINS"] else f"  (excluded by SGLANG_PLUGINS={rep['SGLANG_PLUGINS']})"))
     p(f"loaded by:         {rep['loaded_by']}")
+    w = max(map(len, _config.ALL_VARS)) + 2
     for var in _config.ALL_VARS:
-        p(f"{var + ':':<27}{rep['config']['env'].get(var) or '(unset)'}")
+        p(f"{var + ':':<{w}}{rep['config']['env'].get(var) or '(unset)'}")
     p(f"guard:             {'on' if rep['config']['guard'] else 'off'}")
     for err in rep["config"]["errors"]:
         p(f"BAD SETTING: {err}")

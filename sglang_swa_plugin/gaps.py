@@ -4,8 +4,9 @@ paths the plugin leaves as they are, each with what to use instead. One list for
 holds the two equal): an operator who reads ``applied`` for a model's fix also reads which of
 that model's paths stay wrong.
 
-A gap is listed whatever sglang is installed (``seen`` says where it was seen): which model,
-backend and mode a server runs is not known before it starts. A fix that meets a gap's path at
+A gap is listed whatever sglang is installed (its ``path`` names the releases where it was
+seen, where it is bound to some): which model, backend and mode a server runs is not known
+before it starts. A fix that meets a gap's path at
 run time says so once in the server log (``warned_by``)."""
 
 from __future__ import annotations

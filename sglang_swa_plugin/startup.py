@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from . import config as _config
-from .core import APPLIED, PROBLEMS, FixRecord, broken_records, decide, load_fixes, log_record
+from .core import APPLIED, PROBLEMS, FixRecord, broken_records, checked_settings, decide, load_fixes, log_record
 from .log import emit, hook_configure_logger, logger
 from .patching import hook_registry, mark, permanent_hooks
 
@@ -69,7 +69,7 @@ def _register(loaded_via: str) -> None:
     cfg = _config.get()
     fixes = load_fixes()
     if cfg.enabled:
-        cfg = cfg.checked_against([f.name for f, _ in fixes], [p for f, _ in fixes for p in f.previews])
+        cfg = checked_settings(cfg, fixes)
     STATE.config = cfg
     for err in cfg.errors:
         emit(logging.ERROR, "sglang-swa-plugin: %s", err)

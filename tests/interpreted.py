@@ -13,6 +13,15 @@ import subprocess
 import sys
 
 
+def ancestors(parent, i) -> set:
+    """Draft ``i`` of an EAGLE tree and its ancestors (``parent``: each draft's, -1 for the root)."""
+    out = set()
+    while i >= 0:
+        out.add(i)
+        i = parent[i]
+    return out
+
+
 class Batch:
     """Requests' cached keys (random, written at their SWA slots) and new tokens: per new token its
     request, its position and the new tokens it may attend (causal or a tree's ancestors, itself

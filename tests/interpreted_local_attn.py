@@ -12,11 +12,13 @@ import os
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
+import torch  # noqa: E402
+
 from sglang_swa_plugin.check import triton_local_attn as sc  # noqa: E402
 from sglang_swa_plugin.check.fa3_spec_translate import verify_input  # noqa: E402
 from sglang_swa_plugin.hooks import triton_local_attn as tla  # noqa: E402
 
-from interpreted import Batch, main  # noqa: E402
+from interpreted import Batch, ancestors, main  # noqa: E402
 
 C = sc.CHUNK
 VERIFY_LENS = (14, 6, 3, 16)  # drafts from 14 and 6 cross a chunk boundary, from 3 do not, from 16 start one
@@ -25,14 +27,6 @@ TREES = {"verify-chain": (-1, 0, 1, 2), "verify-tree-depth2": (-1, 0, 0, 1), "ve
 
 def same_chunk(p: int, t: int) -> bool:
     return p // C == t // C
-
-
-def ancestors(parent, i) -> set:
-    out = set()
-    while i >= 0:
-        out.add(i)
-        i = parent[i]
-    return out
 
 
 def batch_of(env, cached_lens, new) -> Batch:
@@ -69,11 +63,8 @@ def verify(parent) -> float:
     new = [(b, m + depth[i], [b * n + a for a in sorted(ancestors(parent, i))])
            for b, m in enumerate(VERIFY_LENS) for i in range(n)]
     batch = batch_of(env, VERIFY_LENS, new)
-    tree = [[k in ancestors(parent, i) for k in range(n)] for i in range(n)]
-    import torch
-
-    mask = torch.cat([torch.cat([torch.ones(n, m, dtype=torch.bool), torch.tensor(tree)], 1).flatten()
-                      for m in VERIFY_LENS])
+    tree = torch.tensor([[k in ancestors(parent, i) for k in range(n)] for i in range(n)])
+    mask = torch.cat([torch.cat([torch.ones(n, m, dtype=torch.bool), tree], 1).flatten() for m in VERIFY_LENS])
     positions = torch.tensor([p for _, p, _ in new])
     topk = 1 if parent == TREES["verify-chain"] else 2
     fb = env.tb.make_forward_batch(env.runner, "target_verify", req_pool_indices=env.rows[: len(VERIFY_LENS)],

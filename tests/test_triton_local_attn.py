@@ -159,13 +159,16 @@ def test_the_tree_rail_replays_from_the_batch_buffers_without_a_sync():
     from sglang_swa_plugin.check.triton_swa_draft import cpu_triton
     from sglang_swa_plugin.probe import optional_module, swapped
 
+    from interpreted import ancestors
+
     skip_unless_needed(FIX)
     n, parent = 4, (-1, 0, 0, 1)
-    tree = torch.tensor([[k in {i, parent[i], 0} or (i == 3 and k == 1) for k in range(n)] for i in range(n)])
+    tree = torch.tensor([[k in ancestors(parent, i) for k in range(n)] for i in range(n)])
+    depth = [len(ancestors(parent, i)) - 1 for i in range(n)]
 
     def batch(lens):
         mask = torch.cat([torch.cat([torch.ones(n, m, dtype=torch.bool), tree], 1).flatten() for m in lens])
-        positions = torch.cat([torch.tensor([m, m + 1, m + 1, m + 2]) for m in lens])
+        positions = torch.tensor([m + d for m in lens for d in depth])
         return mask, positions
 
     graph = CpuGraph()

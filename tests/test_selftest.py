@@ -201,9 +201,10 @@ def test_every_planned_row_is_read_by_sglangs_own_parser(sglang_side):
     assert not [k for k in parsed if k.split(":")[1].startswith("gemma4/") and "/plain/" not in k]  # no draft
     assert not [k for k in parsed if "gptoss/" in k and ("/mtp/" in k or "/nextn/" in k)]  # no MTP layers
     assert not [k for k in parsed if "mimo_v2/" in k and ("/k1/" in k or "/k2/" in k)]  # no EAGLE3 draft
-    # (gptoss: 4 backends x 3 modes, gemma4: 4 backends, mimo_v2: 4 x 3) x plugin/stock x graphs on/off
+    assert parsed["9:mimo_v2/fa3/nextn_k2/plugin"] == ["fa3", None, None, 2, "NEXTN", 16384, True]
+    # (gptoss: 4 backends x 3 modes, gemma4: 4 backends, mimo_v2: 4 x 4) x plugin/stock x graphs on/off
     # x large/small pool; sm100 without fa3
-    assert len(parsed) == (12 + 4 + 12) * 8 + (12 + 4 + 12 - 7) * 8
+    assert len(parsed) == (12 + 4 + 16) * 8 + (12 + 4 + 16 - 8) * 8
 
 
 @pytest.mark.cli  # a child process importing sglang's ServerArgs (11-17 s): on the CLI releases only
@@ -256,13 +257,16 @@ def test_rows_for_a_gpu_capability():
     mtp = {p.row.key: p.args for p in rows.plan({"mimo_v2": rows.Saved("/m", "/m", "mtp", ("--trust-remote-code",))},
                                                 ["triton"], (9, 0), opts, small_pool=True)}
     assert list(mtp) == ["mimo_v2/triton/plain/plugin", "mimo_v2/triton/plain/small/plugin", "mimo_v2/triton/mtp/plugin",
-                         "mimo_v2/triton/mtp/small/plugin", "mimo_v2/triton/nextn/plugin", "mimo_v2/triton/nextn/small/plugin"]
+                         "mimo_v2/triton/mtp/small/plugin", "mimo_v2/triton/nextn/plugin", "mimo_v2/triton/nextn/small/plugin",
+                         "mimo_v2/triton/nextn_k2/plugin", "mimo_v2/triton/nextn_k2/small/plugin"]
     small = mtp["mimo_v2/triton/mtp/small/plugin"]
     assert small[small.index("--max-total-tokens") + 1] == "4096" and "--trust-remote-code" in small
     assert small[small.index("--speculative-algorithm") + 1] == "EAGLE"
     assert small[small.index("--speculative-draft-model-path") + 1] == "/m"
     nextn = mtp["mimo_v2/triton/nextn/plugin"]
     assert nextn[nextn.index("--speculative-algorithm") + 1] == "NEXTN" and nextn[nextn.index("--max-total-tokens") + 1] == "16384"
+    tree = mtp["mimo_v2/triton/nextn_k2/plugin"]  # NEXTN's tree of drafts
+    assert tree[tree.index("--speculative-algorithm") + 1] == "NEXTN" and tree[tree.index("--speculative-eagle-topk") + 1] == "2"
 
 
 # -- judging, the matrix and the exit status -------------------------------------------------

@@ -33,7 +33,7 @@ DESCRIPTION = (
     "Run the conformance matrix on this machine's GPU: tiny GPT-OSS, Llama 4, Gemma 4 and MiMo-V2 "
     "targets whose sliding-window (or chunked) layers decide their tokens, served by the installed "
     "sglang with every attention backend it accepts, plain and speculative (EAGLE3 topk 1 and 2; "
-    "MiMo-V2's MTP layers as multi-layer EAGLE and NEXTN), with the plugin as configured here (and "
+    "MiMo-V2's MTP layers as multi-layer EAGLE and NEXTN, topk 1 and 2), with the plugin as configured here (and "
     "stock with --stock), each against transformers' float32 output of the same weights. Prints the "
     "targets' checks, then one line per row. Exit status 1 when a plugin row gives other tokens than "
     "the model, does not start or crashes; a row that sglang refuses for the model and backend, or "

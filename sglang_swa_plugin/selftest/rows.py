@@ -1,8 +1,8 @@
 """Which rows the selftest runs, and each row's server arguments: per target, every attention
 backend the installed sglang has and the GPU can run, in plain decode and (targets with an
-EAGLE3 draft) EAGLE3 topk 1 and 2 or (targets with MTP layers) multi-layer EAGLE and NEXTN,
-with the plugin and, where asked, stock; CUDA graphs on (sglang's default) and, where asked,
-off; a large pool and, where asked, a small one that retracts.
+EAGLE3 draft) EAGLE3 topk 1 and 2 or (targets with MTP layers) multi-layer EAGLE and NEXTN
+(topk 1 and 2), with the plugin and, where asked, stock; CUDA graphs on (sglang's default) and,
+where asked, off; a large pool and, where asked, a small one that retracts.
 
 What is decided before a server starts is only what needs no model: the backend is one of
 sglang's ``--attention-backend`` choices, the GPU is new enough for it, the flags exist in this
@@ -34,9 +34,10 @@ class Spec(NamedTuple):
 
 # EAGLE3 with the target's real-weight draft (as the GPU results); MTP layers: EAGLE (sglang
 # runs MiMo-V2's MTP layers as multi-layer EAGLE, one layer per step) and NEXTN (one MTP layer,
-# draft decode steps).
+# draft decode steps; topk 1, and 2: a tree of drafts).
 MODES = {"plain": None, "k1": Spec("eagle3", "EAGLE3", 1, 3, 4), "k2": Spec("eagle3", "EAGLE3", 2, 3, 4),
-         "mtp": Spec("mtp", "EAGLE", 1, 3, 4), "nextn": Spec("mtp", "NEXTN", 1, 3, 4)}
+         "mtp": Spec("mtp", "EAGLE", 1, 3, 4), "nextn": Spec("mtp", "NEXTN", 1, 3, 4),
+         "nextn_k2": Spec("mtp", "NEXTN", 2, 3, 4)}
 # The pools: "large" holds every request; "small" (--max-total-tokens 4096) holds a third of
 # 32 requests of 194 tokens: sglang retracts and recomputes requests.
 POOLS = {"large": 16384, "small": 4096}

@@ -120,14 +120,14 @@ for step in "$@"; do
                  # 64 concurrent greedy requests, TP_ROUNDS alternating rounds each; $OUT/throughput.json
       MEM_FRACTION=${MEM_FRACTION:-0.85} START_TIMEOUT=${START_TIMEOUT:-300} PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-470} \
         python3 tests/gpu/e2e_server.py throughput --out "$OUT" 2>&1 | grep -E "^(row|fa3|trtllm)|THROUGHPUT|Error" | cut -c1-3000 ;;
-    selftest)  # issue #27 item 7: the user's command on this GPU (SELFTEST_ARGS); $OUT/selftest.json, the
+    selftest)  # issue #27 item 7: the user's command on this GPU (SELFTEST_ARGS; SITE: another unpacked release); $OUT/selftest.json, the
                # progress and target checks in $OUT/selftest.txt, the servers' logs in $OUT/selftest_logs
       st=/tmp/selftest_$(date +%H%M%S)
-      (cd /tmp && PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-560} python3 -m sglang_swa_plugin.cli selftest \
+      (cd /tmp && PYTHONPATH=${SITE:-/root/site} timeout ${STEP_TIMEOUT:-560} python3 -m sglang_swa_plugin.cli selftest \
         --out $st --json ${SELFTEST_ARGS:-} > "$OUT/selftest.json" 2> "$OUT/selftest.txt"; echo "selftest exit $?")
       cp -r $st/logs "$OUT/selftest_logs" 2>/dev/null
       tail -8 "$OUT/selftest.txt"
-      (cd /tmp && PYTHONPATH=/root/site python3 -c "import json, sys; from sglang_swa_plugin.selftest.command import print_matrix; print_matrix(json.load(open(sys.argv[1])))" "$OUT/selftest.json") ;;
+      (cd /tmp && PYTHONPATH=${SITE:-/root/site} python3 -c "import json, sys; from sglang_swa_plugin.selftest.command import print_matrix; print_matrix(json.load(open(sys.argv[1])))" "$OUT/selftest.json") ;;
     pack)  # at most 8 files come back: everything under $OUT into one archive
       (cd "$OUT" && tar czf "/tmp/results.tgz" . && find . -mindepth 1 -delete && mv /tmp/results.tgz "$OUT/results_$(date +%H%M%S).tgz") ;;
     gpu_tests)

@@ -87,3 +87,38 @@ class CpuGraph:
                 for old, new in zip(tree_flatten(out)[0], tree_flatten(res)[0]):
                     if isinstance(old, torch.Tensor):
                         old.copy_(new)
+
+
+def replayed_tree_rail(backend, fb, build, next_lens, tree_batch, n: int):
+    """A tree verify's rail (``build()``, e.g. a fix's fields of ``backend`` and ``fb``) built
+    inside a capture, sglang's gather recorded as one kernel (its torch twin); then the next batch
+    (``next_lens``; ``tree_batch(lens) -> (mask, positions)``) written into the batch buffers
+    (lengths, positions, sglang's tree mask and its offsets) and the capture replayed. Returns
+    ``(captured, eager, syncs)``: the replayed fields, the next batch's built eagerly, and the
+    host syncs seen while capturing."""
+    from sglang_swa_plugin import triton_rail
+    from sglang_swa_plugin.check.flashinfer_swa_verify import KvIndicesTwin
+    from sglang_swa_plugin.probe import optional_module, swapped
+
+    graph = CpuGraph()
+
+    class GraphedGather:
+        def __getitem__(self, grid):
+            return graph.kernel(KvIndicesTwin()[grid])
+
+    md = backend.forward_metadata
+    md.custom_mask = torch.cat([md.custom_mask, torch.zeros(4096, dtype=md.custom_mask.dtype)])  # static room
+    with contextlib.ExitStack() as stack:
+        for module in dict.fromkeys(optional_module(m) for m in triton_rail.GATHER_MODULES):
+            if hasattr(module, triton_rail.GATHER):
+                stack.enter_context(swapped(module, triton_rail.GATHER, GraphedGather()))
+        with graph.capture():
+            captured = build()
+        mask, positions = tree_batch(next_lens)
+        fb.seq_lens.copy_(torch.tensor(next_lens, dtype=fb.seq_lens.dtype))
+        fb.positions.copy_(positions)
+        md.custom_mask[: mask.numel()] = mask.to(md.custom_mask.dtype)
+        md.mask_indptr[1:] = torch.cumsum(torch.tensor([n * (m + n) for m in next_lens]), 0).to(md.mask_indptr.dtype)
+        graph.replay()
+        eager = build()
+    return captured, eager, list(graph.syncs)

@@ -22,6 +22,21 @@ def ancestors(parent, i) -> set:
     return out
 
 
+def tree_inputs(parent):
+    """``lens -> (mask, positions)`` of a target verify of the EAGLE tree ``parent`` after requests
+    of ``lens`` cached keys: sglang's tree mask (rows of ``L + n`` cells) and the drafts' positions."""
+    import torch
+
+    n = len(parent)
+    tree = torch.tensor([[k in ancestors(parent, i) for k in range(n)] for i in range(n)])
+    depth = [len(ancestors(parent, i)) - 1 for i in range(n)]
+
+    def inputs(lens):
+        mask = torch.cat([torch.cat([torch.ones(n, m, dtype=torch.bool), tree], 1).flatten() for m in lens])
+        return mask, torch.tensor([m + d for m in lens for d in depth])
+    return inputs
+
+
 class Batch:
     """Requests' cached keys (random, written at their SWA slots) and new tokens: per new token its
     request, its position and the new tokens it may attend (causal or a tree's ancestors, itself
@@ -63,9 +78,9 @@ class Batch:
         return float((out.view(len(self.new), -1, self.layer.qk_head_dim) - self.model()).abs().max())
 
 
-def main(fix, methods: dict, paths: dict, on_fixed=lambda fixed: None) -> None:
+def main(fix, methods: dict, paths: dict) -> None:
     """Per seed and path (``paths``: name -> ``run(seed) -> error``), the error stock (sglang's
-    methods alone) and fixed (``fix`` installed; ``on_fixed(True)`` first), one JSON line each.
+    methods alone) and fixed (``fix`` installed), one JSON line each.
     sglang's SWA pools are float32 here."""
     import torch
 
@@ -79,7 +94,6 @@ def main(fix, methods: dict, paths: dict, on_fixed=lambda fixed: None) -> None:
         for name, run in paths.items():
             got = {}
             for side, block in (("stock", methods_alone), ("fixed", fixed_alone)):
-                on_fixed(side == "fixed")
                 torch.manual_seed(seed)
                 with block(fix, methods):
                     got[side] = run()

@@ -2,7 +2,7 @@
 ``TRITON_INTERPRET=1``; harness: tests/interpreted.py): a Llama 4 chunked layer on a real
 TritonAttnBackend over a real SWAKVPool whose index spaces differ, in a plain extend whose
 requests cross a chunk boundary, a decode batch, a chain's target verify (topk 1) and an EAGLE
-tree's (topk 2, two shapes; the preview ``triton_local_attn_tree`` on). The model: a query at
+tree's (topk 2, two shapes). The model: a query at
 position ``p`` attends the keys of ``p``'s chunk up to ``p`` (in a tree, of its ancestors)."""
 
 from __future__ import annotations
@@ -75,12 +75,8 @@ def verify(parent) -> float:
     return batch.error(env.backend.forward_extend(batch.q, batch.k, batch.v, env.layer, fb, save_kv_cache=True))
 
 
-def preview(fixed: bool) -> None:
-    tla.FIX.previews_on = frozenset({tla.TREE} if fixed else ())
-
-
 if __name__ == "__main__":
     methods = {importlib.import_module(tla.MODULE).TritonAttnBackend: ("__init__", "forward_decode", "forward_extend")}
     paths = {"extend": extend, "decode": decode,
              **{name: (lambda parent=parent: verify(parent)) for name, parent in TREES.items()}}
-    main(tla.FIX, methods, paths, on_fixed=preview)
+    main(tla.FIX, methods, paths)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import BUILTIN_NAMES, child_json, run_child
+from helpers import BUILTIN_NAMES, child_json, run_child, third_party_dist
 
 from sglang_swa_plugin import config
 
@@ -117,31 +117,35 @@ def test_a_malformed_strict_value_reads_as_on_in_one_coherent_message():
     assert "safe reading" not in msg and "using the default" not in msg, msg
 
 
-PREVIEWS = ["triton_local_attn_tree"]
+PREVIEWS = ["acme_demo_tree"]  # a third-party fix's preview (no built-in fix has one today)
+PREVIEW_FIX = 'ThirdPartyFix.previews = {"acme_demo_tree": "a path of the demo fix not yet run on a GPU"}\n'
 
 
 def test_a_preview_is_off_unless_named_and_an_unknown_name_turns_none_on():
     c = config.parse({}).checked_against(BUILTIN_NAMES, PREVIEWS)
     assert c.previews == frozenset() and not c.errors
-    c = config.parse({config.PREVIEW: " Triton_Local_Attn_Tree "}).checked_against(BUILTIN_NAMES, PREVIEWS)
-    assert c.previews == {"triton_local_attn_tree"} and not c.errors
-    c = config.parse({config.PREVIEW: "triton_local_attn_tree,bogus"}).checked_against(BUILTIN_NAMES, PREVIEWS)
+    c = config.parse({config.PREVIEW: " Acme_Demo_Tree "}).checked_against(BUILTIN_NAMES, PREVIEWS)
+    assert c.previews == {"acme_demo_tree"} and not c.errors
+    c = config.parse({config.PREVIEW: "acme_demo_tree,bogus"}).checked_against(BUILTIN_NAMES, PREVIEWS)
     assert c.previews == frozenset() and len(c.errors) == 1, c
-    assert "SGLANG_SWA_PLUGIN_PREVIEW='triton_local_attn_tree,bogus' names unknown preview(s) 'bogus'" in c.errors[0]
-    assert "triton_local_attn_tree" in c.errors[0].split("valid values:")[1], c.errors[0]
+    assert "SGLANG_SWA_PLUGIN_PREVIEW='acme_demo_tree,bogus' names unknown preview(s) 'bogus'" in c.errors[0]
+    assert "acme_demo_tree" in c.errors[0].split("valid values:")[1], c.errors[0]
+    c = config.parse({config.PREVIEW: "acme_demo_tree"}).checked_against(BUILTIN_NAMES)
+    assert c.previews == frozenset() and "(no fix has a preview)" in c.errors[0], c
 
 
-@pytest.mark.parametrize("value,on", [(None, False), ("triton_local_attn_tree", True), ("bogus", False)])
-def test_a_named_preview_reaches_its_fix_at_start_up(value, on):
-    """What a server's process registers: the fix's record says whether its preview is on, and the
-    fix's hooks read the same (``Fix.previews_on``)."""
+@pytest.mark.parametrize("value,on", [(None, False), ("acme_demo_tree", True), ("bogus", False)])
+def test_a_named_preview_reaches_its_fix_at_start_up(value, on, tmp_path):
+    """What a server's process registers, with a third-party fix that has a preview: the fix's
+    record says whether its preview is on, and the fix's hooks read the same (``Fix.previews_on``)."""
     code = REGISTER + (
-        "from sglang_swa_plugin.hooks import triton_local_attn as t\n"
+        "import acme_swa_fix as t\n"
         "print('ON=' + json.dumps(sorted(t.FIX.previews_on)))\n")
-    proc = run_child(code, **({config.PREVIEW: value} if value else {}))
-    rec = child_json(proc)["fixes"]["triton_local_attn"]
-    assert rec["previews"]["triton_local_attn_tree"]["on"] is on, rec
-    assert child_json(proc, "ON") == (["triton_local_attn_tree"] if on else []), proc.stdout
+    env = {config.PREVIEW: value} if value else {}
+    proc = run_child(code, PYTHONPATH=third_party_dist(tmp_path, extra=PREVIEW_FIX), **env)
+    rec = child_json(proc)["fixes"]["acme_demo_fix"]
+    assert rec["previews"]["acme_demo_tree"]["on"] is on, rec
+    assert child_json(proc, "ON") == (["acme_demo_tree"] if on else []), proc.stdout
     assert (len(_errors(proc)) == 1) is (value == "bogus"), proc.stderr[-3000:]
 
 

@@ -4,7 +4,6 @@ extend, on a chain's target verify and on decode (eager, and CUDA-graph capture 
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 
@@ -96,9 +95,10 @@ def test_forms_the_fix_leaves_to_sglang_are_named_once(caplog):
     assert len(named) == 1 and "triton_local_attn" in named[0], named
 
 
-def test_a_tree_verify_runs_as_sglang_runs_it_and_is_named_once(caplog):
-    """EAGLE topk 2 on a real TritonAttnBackend with the fix: sglang's own verify call (the whole
-    context), and one warning that names the tree verify, however many layers and steps."""
+def test_a_tree_verify_reads_its_chunk_and_a_chain_past_the_chunk_is_named_once(caplog):
+    """On a real TritonAttnBackend with the fix, by default: EAGLE topk 2's verify reads each
+    request's ``L % C`` keys of its chunk under a re-laid tree mask (no warning); a chain of more
+    draft tokens than the chunk runs as sglang runs it (the whole context) and is named once."""
     import logging
 
     import torch
@@ -108,30 +108,35 @@ def test_a_tree_verify_runs_as_sglang_runs_it_and_is_named_once(caplog):
     from sglang_swa_plugin.check.triton_swa_draft import cpu_triton
 
     skip_unless_needed(FIX)
-    lens, n = sc.VERIFY_LENS, sc.DRAFTS
-    mask = torch.cat([torch.ones(n, m + n, dtype=torch.bool).tril(m).flatten() for m in lens])
-    positions = torch.cat([torch.arange(m, m + n) for m in lens])
+    lens = sc.VERIFY_LENS
     tla._warned.clear()
-    calls = []
-    FIX.previews_on = frozenset()  # the preview off, as by default
-    with fixed_alone(FIX, _methods()), caplog.at_level(logging.WARNING):
-        env = sc.build()
-        fb = env.tb.make_forward_batch(env.runner, "target_verify", req_pool_indices=env.rows[:3], seq_lens=list(lens),
-                                       spec_info=verify_input(mask, list(lens), 2, n, positions), attn_backend=env.backend)
-        with cpu_triton(env.backend, calls):
-            env.backend.init_forward_metadata(fb)
-            for _ in range(2):
-                call = sc._run(env, fb, "extend", calls)
-    assert call is not None and call["custom_mask"] is not None, call  # sglang's own tree call
-    assert int(call["kv_indptr"][-1]) == sum(lens), call  # the whole context, as stock
-    named = [r.getMessage() for r in caplog.records if "topk > 1" in r.getMessage()]
-    assert len(named) == 1 and "not corrected" in named[0], named
-    assert f"SGLANG_SWA_PLUGIN_PREVIEW={tla.TREE}" in named[0], named  # what turns the correction on
+    seen = {}
+    for topk, n in ((2, sc.DRAFTS), (1, sc.CHUNK + 1)):
+        mask = torch.cat([torch.ones(n, m + n, dtype=torch.bool).tril(m).flatten() for m in lens])
+        positions = torch.cat([torch.arange(m, m + n) for m in lens])
+        calls = []
+        with fixed_alone(FIX, _methods()), caplog.at_level(logging.WARNING):
+            env = sc.build(drafts=n)
+            fb = env.tb.make_forward_batch(env.runner, "target_verify", req_pool_indices=env.rows[:3],
+                                           seq_lens=list(lens), spec_info=verify_input(mask, list(lens), topk, n, positions),
+                                           attn_backend=env.backend)
+            fb.positions = positions
+            with cpu_triton(env.backend, calls):
+                env.backend.init_forward_metadata(fb)
+                for _ in range(2):
+                    call = sc._run(env, fb, "extend", calls)
+        seen[topk] = call
+    tree, chain = seen[2], seen[1]
+    assert tree is not None and tree["custom_mask"] is not None, tree
+    assert int(tree["kv_indptr"][-1]) == sum(m % sc.CHUNK for m in lens), tree  # the chunk's keys only
+    assert int(chain["kv_indptr"][-1]) == sum(lens), chain  # the whole context, as stock
+    named = [r.getMessage() for r in caplog.records if "triton_local_attn" in r.getMessage()]
+    assert len(named) == 1 and "more draft tokens than the chunk" in named[0], named
 
 
 def test_each_query_attends_its_chunk_through_sglangs_kernels():
     """Through sglang's own Triton kernels (Triton's interpreter, CPU; float32): a plain extend
-    crossing a chunk boundary, a decode batch, a chain's verify and, with the preview on, two EAGLE
+    crossing a chunk boundary, a decode batch, a chain's verify and two EAGLE
     trees' (drafts crossing a boundary, starting a chunk): every output row is the model's
     attention with the fix; stock's are not. Seeds: ``TREE_SEEDS`` (default 0,1)."""
     from interpreted import run_script
@@ -147,63 +152,33 @@ def test_each_query_attends_its_chunk_through_sglangs_kernels():
 
 
 def test_the_tree_rail_replays_from_the_batch_buffers_without_a_sync():
-    """The preview's rail built inside a (CPU stand-in of a) CUDA-graph capture: no host-device sync,
+    """The tree rail built inside a (CPU stand-in of a) CUDA-graph capture: no host-device sync,
     and a replay after the batch's buffers (lengths, positions, sglang's tree mask and its offsets)
     took another batch gives what that batch builds eagerly."""
     import torch
 
-    from cpu_graph import CpuGraph
+    from cpu_graph import replayed_tree_rail
     from sglang_swa_plugin.check import triton_local_attn as sc
     from sglang_swa_plugin.check.fa3_spec_translate import verify_input
-    from sglang_swa_plugin.check.flashinfer_swa_verify import KvIndicesTwin
     from sglang_swa_plugin.check.triton_swa_draft import cpu_triton
-    from sglang_swa_plugin.probe import optional_module, swapped
 
-    from interpreted import ancestors
+    from interpreted import tree_inputs
 
     skip_unless_needed(FIX)
-    n, parent = 4, (-1, 0, 0, 1)
-    tree = torch.tensor([[k in ancestors(parent, i) for k in range(n)] for i in range(n)])
-    depth = [len(ancestors(parent, i)) - 1 for i in range(n)]
-
-    def batch(lens):
-        mask = torch.cat([torch.cat([torch.ones(n, m, dtype=torch.bool), tree], 1).flatten() for m in lens])
-        positions = torch.tensor([m + d for m in lens for d in depth])
-        return mask, positions
-
-    graph = CpuGraph()
-
-    class GraphedGather:  # sglang's gather as one recorded kernel (its torch twin)
-        def __getitem__(self, grid):
-            return graph.kernel(KvIndicesTwin()[grid])
+    n, batch = 4, tree_inputs((-1, 0, 0, 1))
 
     with fixed_alone(FIX, _methods()):
         env = sc.build()
-        lens = [14, 6, 3]
+        lens, lens2 = [14, 6, 3], [16, 7, 21]
         mask, positions = batch(lens)
         fb = env.tb.make_forward_batch(env.runner, "target_verify", req_pool_indices=env.rows[:3], seq_lens=lens,
                                        spec_info=verify_input(mask, lens, 2, n, positions), attn_backend=env.backend)
         fb.positions = positions.clone()
         with cpu_triton(env.backend, []):
             env.backend.init_forward_metadata(fb)
-        md = env.backend.forward_metadata
-        md.custom_mask = torch.cat([md.custom_mask, torch.zeros(4096, dtype=md.custom_mask.dtype)])  # static room
-        with contextlib.ExitStack() as stack:
-            for module in dict.fromkeys(optional_module(m) for m in tla.GATHER_MODULES):
-                if hasattr(module, tla.GATHER):
-                    stack.enter_context(swapped(module, tla.GATHER, GraphedGather()))
-            with graph.capture():
-                captured = tla._tree_fields(env.backend, fb, sc.CHUNK, True)
-            assert graph.syncs == [], graph.syncs
-            # the next batch in the same buffers, then the replay
-            lens2 = [16, 7, 21]
-            mask2, positions2 = batch(lens2)
-            fb.seq_lens.copy_(torch.tensor(lens2, dtype=fb.seq_lens.dtype))
-            fb.positions.copy_(positions2)
-            md.custom_mask[: mask2.numel()] = mask2.to(md.custom_mask.dtype)
-            md.mask_indptr[1:] = torch.cumsum(torch.tensor([n * (m + n) for m in lens2]), 0).to(md.mask_indptr.dtype)
-            graph.replay()
-            eager = tla._tree_fields(env.backend, fb, sc.CHUNK, True)
+        captured, eager, syncs = replayed_tree_rail(env.backend, fb, lambda: tla._tree_fields(env.backend, fb, sc.CHUNK, True),
+                                                    lens2, batch, n)
+    assert syncs == [], syncs
     for name in ("kv_indptr", "kv_indices", "mask_indptr", "custom_mask"):
         assert torch.equal(captured[name], eager[name]), name
     # and the replayed mask is the second batch's, not the first's: request 2 (21 keys, drafts 21..23)

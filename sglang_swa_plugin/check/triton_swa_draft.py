@@ -45,7 +45,8 @@ def cpu_triton(backend, calls: list):
         clone = lambda t: t.clone() if isinstance(t, torch.Tensor) else t
         calls.append({k: clone(a.get(k)) for k in ("kv_indptr", "kv_indices", "window_kv_offsets",
                                                     "sliding_window_size", "qo_indptr", "max_len_extend",
-                                                    "custom_mask", "is_causal")})
+                                                    "custom_mask", "mask_indptr", "is_causal",
+                                                    "skip_prefix_custom_mask")})
 
     decode_signature = inspect.signature(backend.decode_attention_fwd)
 

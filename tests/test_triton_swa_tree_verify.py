@@ -1,0 +1,109 @@
+"""triton_swa_tree_verify on a real TritonAttnBackend over a real SWAKVPool (CPU): a tree's
+target verify on a sliding-window layer, through sglang's own Triton extend kernel (Triton's
+interpreter) against the model, and its rail built inside a (CPU stand-in of a) CUDA graph."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from types import SimpleNamespace
+
+from sglang_swa_plugin.fix import Verdict
+from sglang_swa_plugin.hooks import triton_swa_tree_verify as tv
+
+from helpers import fixed_alone, methods_alone, scenario_or_skip, skip_unless_needed
+
+FIX = tv.FIX
+
+
+def _methods():
+    return {importlib.import_module(tv.MODULE).TritonAttnBackend: ("forward_extend",)}
+
+
+def test_detection_reads_the_installed_kernel(monkeypatch):
+    """Needed where the extend kernel windows by row (no query position among its parameters);
+    a kernel that takes positions is not needed; no such kernel: unknown."""
+    params = tv.kernel_parameters()
+    assert FIX.detect().verdict is (Verdict.NEEDED if params and "SLIDING_WINDOW_SIZE" in params else Verdict.UNKNOWN)
+    if params:
+        monkeypatch.setattr(tv, "kernel_parameters", lambda: params + ["q_positions"])
+        assert FIX.detect().verdict is Verdict.NOT_NEEDED
+        monkeypatch.setattr(tv, "kernel_parameters", lambda: [p for p in params if p != "SLIDING_WINDOW_SIZE"])
+        assert FIX.detect().verdict is Verdict.UNKNOWN
+
+
+def test_the_recorded_kernel_call_windows_drafts_by_row_stock_and_by_position_fixed():
+    """``check``'s scenario: the keys and drafts each draft of a tree attends, read off the recorded
+    kernel call: stock, the drafts whose row is past their depth (the third and fourth of each
+    request) attend other keys than the model; with the fix every draft attends the model's."""
+    skip_unless_needed(FIX)
+    with methods_alone(FIX, _methods()):
+        stock = scenario_or_skip("triton_swa_tree_verify")
+    assert stock.bug and sorted(stock.seen["wrong_drafts"]) == [f"{b}:draft{i}" for b in range(3) for i in (2, 3)], stock
+    with fixed_alone(FIX, _methods()):
+        fixed = scenario_or_skip("triton_swa_tree_verify")
+    assert not fixed.bug and fixed.seen["drafts"] == 12, fixed
+
+
+def test_a_tree_verify_is_the_models_attention_through_sglangs_kernel():
+    """A chain's verify (right stock) and two trees' (drafts past their depth), requests longer and
+    shorter than the window: every output row is the model's attention with the fix; stock's trees
+    are not. Seeds: ``WINDOW_SEEDS`` (default 0,1)."""
+    from interpreted import run_script
+
+    skip_unless_needed(FIX)
+    seeds = os.environ.get("WINDOW_SEEDS", "0,1").split(",")
+    rows = run_script("interpreted_swa_tree.py", seeds)
+    assert len(rows) == 3 * len(seeds), rows
+    for row in rows:
+        assert row["fixed"] < 1e-5, row  # float32 rounding
+        assert (row["stock"] < 1e-5) is (row["path"] == "verify-chain"), row  # stock: right on a chain only
+
+
+def test_an_uncovered_backend_form_runs_as_sglang_runs_it_and_is_named_once(caplog):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    backend = SimpleNamespace(dcp_size=2, forward_metadata=object())
+    fb = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, spec_info=SimpleNamespace(topk=2, draft_token_num=4))
+    layer = SimpleNamespace(sliding_window_size=7, layer_id=0)
+    tv._warned.discard("decode context parallelism")
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            assert tv._tree_window(lambda *a, **k: "stock", backend, None, None, None, layer, fb) == "stock"
+    named = [r.getMessage() for r in caplog.records if tv.NAME in r.getMessage()]
+    assert len(named) == 1 and "decode context parallelism" in named[0], named
+
+
+def test_the_window_rail_replays_from_the_batch_buffers_without_a_sync():
+    """Built inside a CPU stand-in of a CUDA-graph capture: no host-device sync, and a replay after
+    the batch's buffers (lengths, positions, sglang's tree mask and its offsets) took another batch
+    gives what that batch builds eagerly."""
+    import torch
+
+    from cpu_graph import replayed_tree_rail
+    from sglang_swa_plugin.check import triton_swa_draft as sd
+    from sglang_swa_plugin.check.fa3_spec_translate import verify_input
+
+    from interpreted import tree_inputs
+
+    skip_unless_needed(FIX)
+    n, batch = 4, tree_inputs((-1, 0, 0, 1))
+
+    with fixed_alone(FIX, _methods()):
+        env = sd.build()
+        env.backend.num_draft_tokens = n
+        lens, lens2 = [21, 6, 14], [9, 16, 3]
+        mask, positions = batch(lens)
+        fb = env.tb.make_forward_batch(env.runner, "target_verify", req_pool_indices=env.rows[:3], seq_lens=lens,
+                                       spec_info=verify_input(mask, lens, 2, n, positions), attn_backend=env.backend)
+        fb.positions = positions.clone()
+        with sd.cpu_triton(env.backend, []):
+            env.backend.init_forward_metadata(fb)
+        captured, eager, syncs = replayed_tree_rail(
+            env.backend, fb, lambda: tv._window_fields(env.backend, fb, sd.WINDOW, True), lens2, batch, n)
+    assert syncs == [], syncs
+    for name in ("window_kv_indptr", "window_kv_indices", "mask_indptr", "custom_mask"):
+        assert torch.equal(captured[name], eager[name]), name
+    width = [min(m, sd.WINDOW) + n for m in lens2]  # the second batch's rows, not the first's
+    assert captured["mask_indptr"].tolist() == [0, n * width[0], n * (width[0] + width[1]), n * sum(width)]

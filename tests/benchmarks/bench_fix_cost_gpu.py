@@ -664,7 +664,7 @@ def _triton_local_attn(bs, chunk: int = CHUNK):
             return outs
 
         graph = capture(forward)
-        graph.prebuilt = prebuilt  # the reference's rail, read by every replay: kept alive with its graph
+        graph.kept = (prebuilt, q, k)  # what every replay reads: kept alive with its graph (q, k: else freed)
         refresh = replay_refresh(backend, batch, lens)
         refresh()
         t.cuda.synchronize()
@@ -676,6 +676,112 @@ def _triton_local_attn(bs, chunk: int = CHUNK):
 # Llama 4's own chunk: the fix's rail is bs * 8192 ids per step (longer than these requests)
 row("triton_local_attn", "decode (Triton, Llama 4, chunk 8192)", "triton_local_attn_8k")(
     lambda bs: _triton_local_attn(bs, 8192))
+
+
+def triton_tree_verify(bs: int, size: int, model: str, fixes) -> tuple:
+    """A TritonAttnBackend (EAGLE3 topk 2, 4 draft tokens as fa3_check.TREE; ``model`` llama4:
+    chunk ``size``, gpt_oss: window ``size``) and its TARGET_VERIFY batch (requests of 600-1000
+    tokens), prepared for a CUDA-graph capture with ``fixes`` in."""
+    from sglang_swa_plugin.check import fa3_spec_translate as fa3_check
+    from sglang_swa_plugin.check import triton_swa_draft as ct
+    from graph_steps import prepare_capture
+
+    t = torch()
+    n, lens = 4, LENGTHS[:bs]
+    tb, pool, alloc, rtt = hybrid_pool(lens, n, (0, 2), (1, 3))
+    runner = tb.make_model_runner(kv_pool=pool, allocator=alloc, req_to_token_pool=rtt, spec_algorithm="EAGLE3",
+                                  topk=2, num_steps=2, num_draft_tokens=n, attention_backend="triton", model=model,
+                                  **({} if model == "llama4" else {"sliding_window_size": size}))
+    runner.device = DEVICE
+    if model == "llama4":
+        runner.attention_chunk_size = runner.sliding_window_size = size  # as ModelRunner sets them for Llama 4
+    for name in ("hybrid_gdn_config", "kimi_linear_config", "linear_attn_model_spec"):
+        setattr(runner, name, getattr(runner, name, None))
+    runner.decode_num_tokens_per_req = lambda **_: n
+    with installed(list(fixes)):
+        with triton_construction(ct) as tri:
+            backend = tri.TritonAttnBackend(runner)
+    positions = t.tensor([p + d for p in lens for d in tree_depths(2, n)], dtype=t.int64, device=DEVICE)
+    mask = t.zeros(n, n, dtype=t.bool)
+    for i, attends in enumerate(fa3_check.TREE):
+        mask[i, list(attends)] = True
+    custom = t.cat([t.cat([t.ones(n, p, dtype=t.bool), mask], 1).flatten() for p in lens]).to(DEVICE)
+    batch = tb.make_forward_batch(runner, "target_verify", req_pool_indices=list(range(bs)), seq_lens=lens,
+                                  out_cache_loc=t.zeros(bs * n, dtype=t.int64), attn_backend=backend,
+                                  spec_info=fa3_check.verify_input(custom, lens, 2, n, positions))
+    to_device(batch)
+    batch.positions = positions
+    with installed(list(fixes)):
+        prepare_capture(backend, batch, n)
+    return backend, batch, lens, n
+
+
+def _triton_tree(bs: int, fix_name: str, model: str, size: int, layers, rail, kernel_args: dict) -> Pair:
+    """A tree's target verify (4 draft tokens) of ``layers`` (two in the SWA part, two full) on a
+    TritonAttnBackend, CUDA graphs on. Fixed: the fix's rail (a gather, a translation and the
+    tree mask re-laid) captured in the graph. Reference: the same rail (``rail(backend, batch)``)
+    built once before the capture and handed to the SWA-part layers with the fix's kernel
+    arguments (right for this batch by construction; the fix's per-step work taken out). Outputs
+    must agree."""
+    import dataclasses
+
+    from sglang_swa_plugin.triton_rail import _with_args
+
+    t = torch()
+    fix = hook(fix_name).FIX
+
+    def side(fixed: bool) -> Side:
+        backend, batch, lens, n = triton_tree_verify(bs, size, model, [fix])
+        q = t.randn(bs * n, HEADS * HEAD_DIM, device=DEVICE, dtype=t.bfloat16, generator=t.Generator(DEVICE).manual_seed(2))
+        k = t.randn(bs * n, KV_HEADS, HEAD_DIM, device=DEVICE, dtype=t.bfloat16, generator=t.Generator(DEVICE).manual_seed(3))
+        refresh = replay_refresh(backend, batch, lens)
+        refresh()  # the tree mask into the graph's buffer: the reference's rail is built from it
+        prebuilt = rail(backend, batch)
+        kernel = backend.extend_attention_fwd
+
+        def forward():
+            if fixed:
+                with installed([fix]):
+                    return [backend.forward_extend(q, k, k, lay, batch, save_kv_cache=False) for lay in layers]
+            outs, metadata = [], backend.forward_metadata
+            for lay in layers:
+                if lay.layer_id in (0, 2):
+                    backend.forward_metadata = dataclasses.replace(metadata, **prebuilt)
+                    backend.extend_attention_fwd = lambda *a, **kw: _with_args(kernel, kernel_args, *a, **kw)
+                outs.append(backend.forward_extend(q, k, k, lay, batch, save_kv_cache=False))
+                backend.forward_metadata, backend.extend_attention_fwd = metadata, kernel
+            return outs
+
+        graph = capture(forward)
+        graph.kept = (prebuilt, q, k)  # what every replay reads: kept alive with its graph
+        refresh()
+        t.cuda.synchronize()
+        return Side(graph, refresh, [fix] if fixed else [])
+
+    return Pair(side(False), side(True), "rail before capture", same_output=True)
+
+
+def _local_attn_tree(bs: int, chunk: int) -> Pair:
+    mod = hook("triton_local_attn")
+    return _triton_tree(bs, "triton_local_attn", "llama4", chunk,
+                        [layer(0, irope=True), layer(1), layer(2, irope=True), layer(3)],
+                        lambda be, fb: mod._tree_fields(be, fb, chunk, True), {"skip_prefix_custom_mask": False})
+
+
+row("triton_local_attn", f"target verify, EAGLE3 topk 2 (Triton, Llama 4, chunk {CHUNK}; the tree rail)",
+    "triton_local_attn_tree")(lambda bs: _local_attn_tree(bs, CHUNK))
+# Llama 4's own chunk: the re-laid mask is bs * 4 * (8192 + 4) cells per step
+row("triton_local_attn", "target verify, EAGLE3 topk 2 (Triton, Llama 4, chunk 8192; the tree rail)",
+    "triton_local_attn_tree_8k")(lambda bs: _local_attn_tree(bs, 8192))
+
+
+@row("triton_swa_tree_verify", f"target verify, EAGLE3 topk 2 (Triton, two sliding layers of window {WINDOW}, "
+     "two full)")
+def _swa_tree_verify(bs):
+    mod = hook("triton_swa_tree_verify")
+    return _triton_tree(bs, "triton_swa_tree_verify", "gpt_oss", WINDOW,
+                        [layer(i, WINDOW if i in (0, 2) else -1) for i in range(4)],
+                        lambda be, fb: mod._window_fields(be, fb, WINDOW, True), mod.KERNEL_ARGS)
 
 
 # ----------------------------------------------------------------------------- timing

@@ -27,7 +27,7 @@ import logging
 from sglang_swa_plugin import triton_rail
 from sglang_swa_plugin.fix import Detection, Fix, around, hookimpl
 from sglang_swa_plugin.probe import function_tree, is_attribute, module_tree, nodes, optional_module, own_function
-from sglang_swa_plugin.triton_rail import GATHER, GATHER_MODULES, slots as _slots, tree_verify as _tree_verify
+from sglang_swa_plugin.triton_rail import slots as _slots, tree_verify as _tree_verify
 
 NAME = "triton_local_attn"
 MODULE = "sglang.srt.layers.attention.triton_backend"
@@ -220,8 +220,9 @@ def classify() -> Detection:
         return Detection.not_needed("triton's backend reads use_irope (chunked layers)", *plan)
     if not all(_picks_by_window(cls, m) for m in ("forward_decode", "forward_extend")):
         return Detection.unknown("triton's forward_decode/forward_extend no longer pick keys by layer.sliding_window_size")
-    if not triton_rail.has_gather():
-        return Detection.target_moved(f"sglang's {GATHER} is in none of " + ", ".join(GATHER_MODULES))
+    moved = triton_rail.missing_gather()
+    if moved:
+        return Detection.target_moved(moved)
     return Detection.needed("triton picks a layer's keys by its window only: a chunked (use_irope) layer "
                             "attends the whole context", *plan)
 

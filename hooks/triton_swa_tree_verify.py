@@ -94,8 +94,9 @@ def classify() -> Detection:
                                  + ", ".join(KERNEL_MODULES))
     if any({"pos", "position", "positions"} & set(p.lower().split("_")) for p in params):
         return Detection.not_needed("the Triton extend kernel takes query positions", *plan)
-    if not triton_rail.has_gather():
-        return Detection.target_moved(f"sglang's {triton_rail.GATHER} is in none of " + ", ".join(triton_rail.GATHER_MODULES))
+    moved = triton_rail.missing_gather()
+    if moved:
+        return Detection.target_moved(moved)
     return Detection.needed("the Triton extend kernel windows a query by its row (prefix + row): a tree's drafts "
                             "past their depth lose keys of their window", *plan)
 

@@ -28,8 +28,11 @@ def unsupported(self) -> "str | None":
                                  ("a translating KV index space (unified pool)", translating)) if on), None)
 
 
-def has_gather() -> bool:
-    return any(hasattr(optional_module(m), GATHER) for m in GATHER_MODULES)
+def missing_gather() -> "str | None":
+    """Why a rail cannot be gathered on this sglang (None: sglang's gather is there)."""
+    if any(hasattr(optional_module(m), GATHER) for m in GATHER_MODULES):
+        return None
+    return f"sglang's {GATHER} is in none of " + ", ".join(GATHER_MODULES)
 
 
 def _gather():
@@ -123,13 +126,19 @@ def call_with_rail(original, self, store: str, swa: bool, build, kernel_args: di
     self.forward_metadata = rail[3]
     kernel = self.extend_attention_fwd if kernel_args else None
     if kernel is not None:
-        self.extend_attention_fwd = functools.partial(_with_args, kernel, kernel_args)
+        self.extend_attention_fwd = kernel_with(kernel, kernel_args)
     try:
         return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
     finally:
         self.forward_metadata = metadata
         if kernel is not None:
             self.extend_attention_fwd = kernel
+
+
+def kernel_with(kernel, kernel_args: dict):
+    """``kernel`` called with ``kernel_args`` in place of the caller's (sglang passes
+    ``sliding_window_size`` and ``window_kv_offsets`` itself)."""
+    return functools.partial(_with_args, kernel, kernel_args)
 
 
 def _with_args(kernel, kernel_args, *args, **kwargs):

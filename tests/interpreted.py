@@ -12,29 +12,7 @@ import os
 import subprocess
 import sys
 
-
-def ancestors(parent, i) -> set:
-    """Draft ``i`` of an EAGLE tree and its ancestors (``parent``: each draft's, -1 for the root)."""
-    out = set()
-    while i >= 0:
-        out.add(i)
-        i = parent[i]
-    return out
-
-
-def tree_inputs(parent):
-    """``lens -> (mask, positions)`` of a target verify of the EAGLE tree ``parent`` after requests
-    of ``lens`` cached keys: sglang's tree mask (rows of ``L + n`` cells) and the drafts' positions."""
-    import torch
-
-    n = len(parent)
-    tree = torch.tensor([[k in ancestors(parent, i) for k in range(n)] for i in range(n)])
-    depth = [len(ancestors(parent, i)) - 1 for i in range(n)]
-
-    def inputs(lens):
-        mask = torch.cat([torch.cat([torch.ones(n, m, dtype=torch.bool), tree], 1).flatten() for m in lens])
-        return mask, torch.tensor([m + d for m in lens for d in depth])
-    return inputs
+from sglang_swa_plugin.check.testbed import ancestors, tree_inputs  # noqa: F401 - the scripts' and tests' trees
 
 
 class Batch:
@@ -76,6 +54,29 @@ class Batch:
     def error(self, out) -> float:
         """The largest difference of the backend's output from the model's."""
         return float((out.view(len(self.new), -1, self.layer.qk_head_dim) - self.model()).abs().max())
+
+
+def tree_verify_error(env, layer, lens, parents, visible, out_cache_loc=None) -> float:
+    """A target verify of the EAGLE tree ``parents`` (topk 1 where it is a chain) after requests of
+    ``lens`` cached keys on ``env``'s backend (a check module's ``build()``), ``layer`` written and
+    read: the largest difference of its output from the model's (``visible``: see Batch)."""
+    import torch
+
+    from sglang_swa_plugin.check.fa3_spec_translate import verify_input
+
+    n = len(parents)
+    mask, positions = tree_inputs(parents)(lens)
+    new = [(b, int(positions[b * n + i]), [b * n + a for a in sorted(ancestors(parents, i))])
+           for b in range(len(lens)) for i in range(n)]
+    batch = Batch(env.runner, env.rows, env.pool, layer, lens, new, visible)
+    topk = 1 if list(parents) == [-1] + list(range(n - 1)) else 2
+    fb = env.tb.make_forward_batch(env.runner, "target_verify", req_pool_indices=env.rows[: len(lens)],
+                                   seq_lens=list(lens), num_tokens_per_req=n, attn_backend=env.backend,
+                                   spec_info=verify_input(mask, list(lens), topk, n, positions),
+                                   **({} if out_cache_loc is None else {"out_cache_loc": out_cache_loc}))
+    fb.positions = positions  # as sglang's ForwardBatch takes the verify input's
+    env.backend.init_forward_metadata(fb)
+    return batch.error(env.backend.forward_extend(batch.q, batch.k, batch.v, layer, fb, save_kv_cache=True))
 
 
 def main(fix, methods: dict, paths: dict) -> None:

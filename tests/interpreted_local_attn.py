@@ -12,13 +12,10 @@ import os
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
-import torch  # noqa: E402
-
 from sglang_swa_plugin.check import triton_local_attn as sc  # noqa: E402
-from sglang_swa_plugin.check.fa3_spec_translate import verify_input  # noqa: E402
 from sglang_swa_plugin.hooks import triton_local_attn as tla  # noqa: E402
 
-from interpreted import Batch, ancestors, main  # noqa: E402
+from interpreted import Batch, main, tree_verify_error  # noqa: E402
 
 C = sc.CHUNK
 VERIFY_LENS = (14, 6, 3, 16)  # drafts from 14 and 6 cross a chunk boundary, from 3 do not, from 16 start one
@@ -57,22 +54,8 @@ def decode() -> float:
 
 
 def verify(parent) -> float:
-    n = len(parent)
-    env = sc.build(drafts=n)
-    depth = [len(ancestors(parent, i)) - 1 for i in range(n)]
-    new = [(b, m + depth[i], [b * n + a for a in sorted(ancestors(parent, i))])
-           for b, m in enumerate(VERIFY_LENS) for i in range(n)]
-    batch = batch_of(env, VERIFY_LENS, new)
-    tree = torch.tensor([[k in ancestors(parent, i) for k in range(n)] for i in range(n)])
-    mask = torch.cat([torch.cat([torch.ones(n, m, dtype=torch.bool), tree], 1).flatten() for m in VERIFY_LENS])
-    positions = torch.tensor([p for _, p, _ in new])
-    topk = 1 if parent == TREES["verify-chain"] else 2
-    fb = env.tb.make_forward_batch(env.runner, "target_verify", req_pool_indices=env.rows[: len(VERIFY_LENS)],
-                                   seq_lens=list(VERIFY_LENS), num_tokens_per_req=n, attn_backend=env.backend,
-                                   spec_info=verify_input(mask, list(VERIFY_LENS), topk, n, positions))
-    fb.positions = positions  # as sglang's ForwardBatch takes the verify input's
-    env.backend.init_forward_metadata(fb)
-    return batch.error(env.backend.forward_extend(batch.q, batch.k, batch.v, env.layer, fb, save_kv_cache=True))
+    env = sc.build(drafts=len(parent))
+    return tree_verify_error(env, env.layer, VERIFY_LENS, parent, same_chunk)
 
 
 if __name__ == "__main__":

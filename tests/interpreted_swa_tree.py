@@ -14,11 +14,10 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 import torch  # noqa: E402
 
-from sglang_swa_plugin.check.fa3_spec_translate import verify_input  # noqa: E402
 from sglang_swa_plugin.check.triton_swa_draft import WINDOW, build  # noqa: E402
 from sglang_swa_plugin.hooks import triton_swa_tree_verify as fix  # noqa: E402
 
-from interpreted import Batch, ancestors, main  # noqa: E402
+from interpreted import main, tree_verify_error  # noqa: E402
 
 LENS = (21, 6, 14)  # longer than, shorter than, longer than the window
 TREES = {"verify-chain": (-1, 0, 1, 2), "verify-tree-depth2": (-1, 0, 0, 1), "verify-tree-depth3": (-1, 0, 0, 1, 2, 3)}
@@ -28,21 +27,9 @@ def verify(parent) -> float:
     n = len(parent)
     env = build()
     env.backend.num_draft_tokens = n  # as sglang builds the backend for n draft tokens
-    depth = [len(ancestors(parent, i)) - 1 for i in range(n)]
-    new = [(b, m + depth[i], [b * n + a for a in sorted(ancestors(parent, i))]) for b, m in enumerate(LENS) for i in range(n)]
-    batch = Batch(env.runner, env.rows, env.pool, env.swa_layer, LENS, new, lambda p, t: 0 <= p - t <= WINDOW)
-    tree = torch.tensor([[k in ancestors(parent, i) for k in range(n)] for i in range(n)])
-    mask = torch.cat([torch.cat([torch.ones(n, m, dtype=torch.bool), tree], 1).flatten() for m in LENS])
-    positions = torch.tensor([p for _, p, _ in new])
     rtt = env.runner.req_to_token_pool.req_to_token  # each draft's key goes to its own slot
     loc = torch.cat([rtt[int(r), m:m + n] for r, m in zip(env.rows, LENS)]).long()
-    topk = 1 if parent == TREES["verify-chain"] else 2
-    fb = env.tb.make_forward_batch(env.runner, "target_verify", req_pool_indices=env.rows[: len(LENS)], seq_lens=list(LENS),
-                                   num_tokens_per_req=n, attn_backend=env.backend, out_cache_loc=loc,
-                                   spec_info=verify_input(mask, list(LENS), topk, n, positions))
-    fb.positions = positions  # as sglang's ForwardBatch takes the verify input's
-    env.backend.init_forward_metadata(fb)
-    return batch.error(env.backend.forward_extend(batch.q, batch.k, batch.v, env.swa_layer, fb, save_kv_cache=True))
+    return tree_verify_error(env, env.swa_layer, LENS, parent, lambda p, t: 0 <= p - t <= WINDOW, loc)
 
 
 if __name__ == "__main__":

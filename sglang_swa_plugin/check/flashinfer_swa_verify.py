@@ -25,6 +25,7 @@ import json
 import sys
 
 from . import Outcome
+from .testbed import ancestors
 
 WINDOW = 7  # sglang's sliding_window_size (= sliding_window - 1 = flashinfer's window_left)
 PREFIXES = (20, 5, 13, 8)  # longer than, shorter than, longer than and just past the window
@@ -135,14 +136,6 @@ def tree_parents(topk: int, n: int):
                     nxt.append(len(parents) - 1)
         frontier = nxt[:1]  # EAGLE expands the best branch
     return parents
-
-
-def ancestors(parents, i):
-    out = []
-    while i >= 0:
-        out.append(i)
-        i = parents[i]
-    return out
 
 
 def build(topk: int, page_size: int = 1):

@@ -121,6 +121,29 @@ def translate(pool, idx):
     return pool.translate_loc_from_full_to_swa(idx).to(torch.int64)
 
 
+def ancestors(parents, i) -> set:
+    """Draft ``i`` of an EAGLE tree and its ancestors (``parents``: each draft's, -1 for the root)."""
+    out = set()
+    while i >= 0:
+        out.add(i)
+        i = parents[i]
+    return out
+
+
+def tree_inputs(parents):
+    """``lens -> (mask, positions)`` of a target verify of the EAGLE tree ``parents`` after requests
+    of ``lens`` cached keys: sglang's tree mask (rows of ``L + n`` cells) and the drafts' positions."""
+    torch = _torch()
+    n = len(parents)
+    tree = torch.tensor([[k in ancestors(parents, i) for k in range(n)] for i in range(n)])
+    depth = [len(ancestors(parents, i)) - 1 for i in range(n)]
+
+    def inputs(lens):
+        mask = torch.cat([torch.cat([torch.ones(n, m, dtype=torch.bool), tree], 1).flatten() for m in lens])
+        return mask, torch.tensor([m + d for m in lens for d in depth])
+    return inputs
+
+
 def make_swa_pool(
     size=64,
     size_swa=32,

@@ -63,7 +63,7 @@ def cpu_triton(backend, calls: list):
         mod = optional_module(MODULE)
         # sglang's gather wherever a release keeps it: the triton module's name (sglang's own rails)
         # and the kernel modules the fixes' rails take it from
-        from sglang_swa_plugin.hooks.triton_local_attn import GATHER_MODULES
+        from sglang_swa_plugin.triton_rail import GATHER_MODULES
 
         for gather in dict.fromkeys(optional_module(m) for m in GATHER_MODULES):
             if not torch.cuda.is_available() and hasattr(gather, "create_flashinfer_kv_indices_triton"):

@@ -9,18 +9,11 @@ tree ancestors. ``python -m sglang_swa_plugin.check.triton_swa_tree_verify`` pri
 from __future__ import annotations
 
 from . import Outcome, print_outcome
+from .testbed import ancestors, tree_inputs
 from .triton_swa_draft import MODULE, WINDOW, build, cpu_triton
 
 LENS = (21, 6, 14)  # longer than, shorter than, longer than the window
 PARENT = (-1, 0, 0, 1)
-
-
-def _ancestors(i: int) -> set:
-    out = set()
-    while i >= 0:
-        out.add(i)
-        i = PARENT[i]
-    return out
 
 
 def _seen_by_kernel(call: dict, b: int, i: int, n: int, slot_pos: dict) -> "set | None":
@@ -61,10 +54,7 @@ def scenario() -> Outcome:
     n = len(PARENT)
     env = build()
     env.backend.num_draft_tokens = n  # as sglang builds the backend for n draft tokens
-    depth = [len(_ancestors(i)) - 1 for i in range(n)]
-    tree = torch.tensor([[k in _ancestors(i) for k in range(n)] for i in range(n)])
-    mask = torch.cat([torch.cat([torch.ones(n, m, dtype=torch.bool), tree], 1).flatten() for m in LENS])
-    positions = torch.tensor([m + d for m in LENS for d in depth])
+    mask, positions = tree_inputs(PARENT)(LENS)
     rtt = env.runner.req_to_token_pool.req_to_token
     fb = env.tb.make_forward_batch(env.runner, "target_verify", req_pool_indices=env.rows[: len(LENS)],
                                    seq_lens=list(LENS), num_tokens_per_req=n, attn_backend=env.backend,
@@ -84,8 +74,8 @@ def scenario() -> Outcome:
         row_slots = env.tb.translate(env.pool, rtt[int(env.rows[b]), :m].long()).tolist()
         slot_pos = {s: p for p, s in enumerate(row_slots)}
         for i in range(n):
-            p = m + depth[i]
-            want = {("key", t) for t in range(m) if p - t <= WINDOW} | {("draft", a) for a in _ancestors(i)}
+            p = int(positions[b * n + i])
+            want = {("key", t) for t in range(m) if p - t <= WINDOW} | {("draft", a) for a in ancestors(PARENT, i)}
             if _seen_by_kernel(calls[-1], b, i, n, slot_pos) != want:
                 wrong.append(f"{b}:draft{i}")
     return Outcome(bool(wrong), {"right": not wrong, "wrong_drafts": wrong, "drafts": len(LENS) * n})

@@ -725,7 +725,7 @@ def _triton_tree(bs: int, fix_name: str, model: str, size: int, layers, rail, ke
     must agree."""
     import dataclasses
 
-    from sglang_swa_plugin.triton_rail import _with_args
+    from sglang_swa_plugin.triton_rail import kernel_with
 
     t = torch()
     fix = hook(fix_name).FIX
@@ -747,7 +747,7 @@ def _triton_tree(bs: int, fix_name: str, model: str, size: int, layers, rail, ke
             for lay in layers:
                 if lay.layer_id in (0, 2):
                     backend.forward_metadata = dataclasses.replace(metadata, **prebuilt)
-                    backend.extend_attention_fwd = lambda *a, **kw: _with_args(kernel, kernel_args, *a, **kw)
+                    backend.extend_attention_fwd = kernel_with(kernel, kernel_args)
                 outs.append(backend.forward_extend(q, k, k, lay, batch, save_kv_cache=False))
                 backend.forward_metadata, backend.extend_attention_fwd = metadata, kernel
             return outs

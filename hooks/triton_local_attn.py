@@ -77,12 +77,7 @@ def _chunk_of(self, layer) -> "int | None":
 def _decode_fields(self, forward_batch, chunk: int, swa: bool) -> dict:
     """Decode: a request of ``L`` keys reads the ``(L - 1) % C + 1`` from its chunk's start. Device
     ops of a fixed size (``bs * C`` ids), so that a CUDA graph captures them."""
-    import torch
-
-    seq_lens = forward_batch.seq_lens
-    lens = torch.minimum((seq_lens - 1) % chunk + 1, seq_lens).to(torch.int32)
-    indptr, indices = _slots(self, forward_batch, forward_batch.req_pool_indices, lens, seq_lens - lens,
-                             seq_lens.shape[0] * chunk, swa)
+    indptr, indices = triton_rail.chunk_slots(self, forward_batch, chunk, swa)
     return {"kv_indptr": indptr, "kv_indices": indices}
 
 
@@ -143,15 +138,7 @@ def _tree_fields(self, forward_batch, chunk: int, swa: bool) -> dict:
     ``L % C`` keys from ``L``'s chunk start under sglang's tree mask re-laid for them: a draft at
     position ``p`` sees those keys iff ``p`` is in ``L``'s chunk, and a tree ancestor iff that
     one's position is in ``p``'s chunk (``triton_rail.tree_rail``)."""
-    import torch
-
-    seq, n = forward_batch.seq_lens.to(torch.int64), forward_batch.spec_info.draft_token_num
-    before = seq % chunk
-    query_chunk = forward_batch.positions.to(torch.int64) // chunk
-    b = torch.arange(query_chunk.shape[0], device=seq.device) // n
-    first_seen = torch.where(query_chunk == (seq // chunk)[b], 0, before[b])
-    draft_seen = query_chunk.view(-1, n)[b] == query_chunk[:, None]
-    return triton_rail.tree_rail(self, forward_batch, before, first_seen, draft_seen, chunk, swa)
+    return triton_rail.tree_rail(self, forward_batch, "chunk", chunk, swa)
 
 
 def _chain_verify(forward_batch, chunk: int) -> bool:

@@ -44,15 +44,7 @@ def _window_fields(self, forward_batch, window: int, swa: bool) -> dict:
     """Per request the last ``min(L, window)`` keys (those the shallowest draft sees); draft row
     ``r`` at position ``p`` sees a kept key at ``t`` iff ``p - t <= window``, an ancestor at
     ``p'`` iff ``p - p' <= window`` (sglang's extend kernel's rule, the model's)."""
-    import torch
-
-    seq, n = forward_batch.seq_lens.to(torch.int64), forward_batch.spec_info.draft_token_num
-    keys = torch.clamp(seq, max=window)
-    pos = forward_batch.positions.to(torch.int64)
-    b = torch.arange(pos.shape[0], device=seq.device) // n
-    first_seen = torch.clamp(pos - window - (seq - keys)[b], min=0)
-    draft_seen = pos[:, None] - pos.view(-1, n)[b] <= window
-    fields = triton_rail.tree_rail(self, forward_batch, keys, first_seen, draft_seen, window, swa)
+    fields = triton_rail.tree_rail(self, forward_batch, "window", window, swa)
     return {"window_kv_indptr": fields.pop("kv_indptr"), "window_kv_indices": fields.pop("kv_indices"), **fields}
 
 

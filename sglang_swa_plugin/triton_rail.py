@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 from .probe import optional_module
 
@@ -58,10 +59,43 @@ def slots(self, forward_batch, rows, lens, starts, size: int, swa: bool):
 
     indptr = torch.zeros(lens.shape[0] + 1, dtype=torch.int32, device=lens.device)
     indptr[1:] = torch.cumsum(lens, dim=0)
+    return indptr, packed(self, forward_batch, rows, lens, indptr, starts, size, swa)
+
+
+def packed(self, forward_batch, rows, lens, indptr, starts, size: int, swa: bool):
+    """:func:`slots`' ids, for the offsets ``indptr`` of ``lens`` given."""
+    import torch
+
     indices = torch.zeros(size, dtype=torch.int64, device=lens.device)
     _gather()[(lens.shape[0],)](
         self.req_to_token, rows, lens, indptr, starts, indices, self.req_to_token.stride(0))
-    return indptr, (pool(self, forward_batch).translate_loc_from_full_to_swa(indices) if swa else indices)
+    return pool(self, forward_batch).translate_loc_from_full_to_swa(indices) if swa else indices
+
+
+def chunk_slots(self, forward_batch, chunk: int, swa: bool):
+    """A decode's chunk rail: per request of ``L`` keys (the new one among them) the
+    ``(L - 1) % chunk + 1`` from its chunk's start, packed into ``bs * chunk`` ids (SWA ids where
+    ``swa``). Returns ``(indptr, ids)``; on a GPU (or under Triton's interpreter) one kernel lays
+    out the offsets (``rail_kernel``), else torch ops."""
+    seq = forward_batch.seq_lens
+    if kernel_lays_out(seq):
+        from .rail_kernel import chunk_rail_layout
+
+        indptr, lens, starts = chunk_rail_layout(seq, chunk)
+    else:
+        indptr, lens, starts = _chunk_layout(seq, chunk)
+    return indptr, packed(self, forward_batch, forward_batch.req_pool_indices, lens, indptr, starts,
+                          seq.shape[0] * chunk, swa)
+
+
+def _chunk_layout(seq, chunk: int):
+    """``rail_kernel.chunk_rail_layout`` in torch ops (the CPU form)."""
+    import torch
+
+    lens = torch.minimum((seq - 1) % chunk + 1, seq).to(torch.int32)
+    indptr = torch.zeros(seq.shape[0] + 1, dtype=torch.int32, device=seq.device)
+    indptr[1:] = torch.cumsum(lens, dim=0)
+    return indptr, lens, seq.to(torch.int64) - lens
 
 
 def tree_verify(forward_batch) -> bool:
@@ -71,37 +105,75 @@ def tree_verify(forward_batch) -> bool:
             and getattr(spec, "draft_token_num", 0) > 0)
 
 
-def tree_rail(self, forward_batch, keys, first_seen, draft_seen, capacity: int, swa: bool) -> dict:
+RULES = {"window": 0, "chunk": 1}  # a tree rail's rules (rail_kernel's numbers)
+
+
+def tree_rail(self, forward_batch, rule: str, size: int, swa: bool) -> dict:
     """A tree verify's rail (``n`` drafts per request after its ``L`` keys): per request its last
-    ``keys[b]`` cached keys (at most ``capacity``), and sglang's tree mask re-laid for them (rows
-    of ``keys[b] + n`` cells; the cached keys' cells read too: call the kernel with
-    ``skip_prefix_custom_mask=False``). Draft row ``r`` sees cached key ``j`` (0 = the oldest
-    kept) iff ``j >= first_seen[r]``, and draft ``k`` of its request iff sglang's mask lets it and
-    ``draft_seen[r, k]``. Returns the metadata fields ``kv_indptr``, ``kv_indices``,
-    ``custom_mask``, ``mask_indptr``; fixed sizes (``bs * n * (capacity + n)`` cells, int32)."""
+    ``keys`` cached keys (at most ``size``), and sglang's tree mask re-laid for them (rows of
+    ``keys + n`` cells; the cached keys' cells read too: call the kernel with
+    ``skip_prefix_custom_mask=False``). ``rule`` "window" (a sliding window of ``size``): the last
+    ``min(L, size)`` keys; a draft at ``p`` sees a key or ancestor at ``t`` iff ``p - t <= size``.
+    "chunk" (chunks of ``size``): the ``L % size`` keys of ``L``'s chunk; a draft sees them iff
+    it is in that chunk, an ancestor iff in the draft's chunk. A draft sees an ancestor only where
+    sglang's mask lets it. Returns the metadata fields ``kv_indptr``, ``kv_indices``,
+    ``custom_mask``, ``mask_indptr``; fixed sizes (``bs * n * (size + n)`` cells). On a GPU (or
+    under Triton's interpreter) one kernel lays them out (``rail_kernel``), else torch ops."""
+    md, n = self.forward_metadata, forward_batch.spec_info.draft_token_num
+    seq, pos = forward_batch.seq_lens, forward_batch.positions
+    if kernel_lays_out(seq):
+        from .rail_kernel import tree_rail_layout
+
+        kv_indptr, keys, starts, mask, mask_indptr = tree_rail_layout(
+            seq, pos, md.custom_mask, md.mask_indptr, RULES[rule], size, n, md.mask_indptr.dtype)
+    else:
+        kv_indptr, keys, starts, mask, mask_indptr = _layout(seq, pos, md, rule, size, n)
+    indices = packed(self, forward_batch, forward_batch.req_pool_indices, keys, kv_indptr, starts, seq.shape[0] * size,
+                     swa)
+    return {"kv_indptr": kv_indptr, "kv_indices": indices, "custom_mask": mask, "mask_indptr": mask_indptr}
+
+
+def kernel_lays_out(seq) -> bool:
+    """Whether :func:`tree_rail` lays out with the Triton kernel: on a GPU, or under Triton's
+    interpreter (the tests); else the torch form."""
+    return seq.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _layout(seq, pos, md, rule: str, size: int, n: int):
+    """``rail_kernel.tree_rail_layout`` in torch ops (the CPU form): ``(kv_indptr, keys, starts,
+    custom_mask, mask_indptr)``."""
     import torch
 
-    md, n = self.forward_metadata, forward_batch.spec_info.draft_token_num
-    seq, dev = forward_batch.seq_lens.to(torch.int64), forward_batch.seq_lens.device
-    bs, keys = seq.shape[0], keys.to(torch.int64)
-    indptr, indices = slots(self, forward_batch, forward_batch.req_pool_indices, keys.to(torch.int32), seq - keys,
-                            bs * capacity, swa)
+    seq, pos, dev = seq.to(torch.int64), pos.to(torch.int64), seq.device
+    bs = seq.shape[0]
     row = torch.arange(bs * n, device=dev)
-    b, cached = row // n, keys.repeat_interleave(n)
+    b = row // n
+    if rule == "window":
+        keys = torch.clamp(seq, max=size)
+        first_seen = torch.clamp(pos - size - (seq - keys)[b], min=0)
+        draft_seen = pos[:, None] - pos.view(-1, n)[b] <= size
+    else:
+        keys = seq % size
+        chunk = pos // size
+        first_seen = torch.where(chunk == (seq // size)[b], 0, keys[b])
+        draft_seen = chunk.view(-1, n)[b] == chunk[:, None]
+    kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
+    kv_indptr[1:] = torch.cumsum(keys, dim=0)
+    cached = keys.repeat_interleave(n)
     row_start = torch.zeros(bs * n + 1, dtype=torch.int32, device=dev)
     row_start[1:] = torch.cumsum(cached + n, dim=0)
     stock = md.custom_mask  # sglang's rows of L + n cells
     at = (md.mask_indptr[b].to(torch.int64) + (row % n) * (seq[b] + n) + seq[b])[:, None] + torch.arange(n, device=dev)
     sees_draft = (stock[at.clamp_(0, stock.numel() - 1)].bool() & draft_seen).flatten()
     # per mask cell: its row, its column, then what that row sees there
-    cell = torch.arange(bs * n * (capacity + n), dtype=torch.int32, device=dev)
+    cell = torch.arange(bs * n * (size + n), dtype=torch.int32, device=dev)
     r = torch.searchsorted(row_start[1:], cell, right=True, out_int32=True).clamp_(max=bs * n - 1)
     col = cell - row_start[r]
     kept = cached[r]
     seen = torch.where(col < kept, col >= first_seen[r], sees_draft[r * n + (col - kept).clamp_(0, n - 1)])
     seen &= cell < row_start[-1]
-    return {"kv_indptr": indptr, "kv_indices": indices, "custom_mask": seen.to(stock.dtype),
-            "mask_indptr": row_start[::n].to(md.mask_indptr.dtype)}
+    return (kv_indptr, keys.to(torch.int32), seq - keys, seen.to(stock.dtype),
+            row_start[::n].to(md.mask_indptr.dtype))
 
 
 def capturing() -> bool:

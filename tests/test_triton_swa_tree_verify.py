@@ -61,6 +61,21 @@ def test_a_tree_verify_is_the_models_attention_through_sglangs_kernel():
         assert (row["stock"] < 1e-5) is (row["path"] == "verify-chain"), row  # stock: right on a chain only
 
 
+def test_the_rail_kernel_lays_out_what_the_torch_form_does():
+    """The Triton kernel the GPU runs (``rail_kernel``, under Triton's interpreter) and the torch
+    form of the CPU give the same offsets and mask cells, for random trees, both rules (this fix's
+    window, ``triton_local_attn``'s chunks), edges crossed and rows longer than the kernel's block;
+    and the decode's chunk rail (``triton_local_attn``) for random lengths. Seeds: ``WINDOW_SEEDS`` (default 0,1)."""
+    from interpreted import run_script
+
+    seeds = os.environ.get("WINDOW_SEEDS", "0,1").split(",")
+    rows = run_script("interpreted_rail_kernel.py", seeds)
+    assert len(rows) == len(seeds), rows
+    for row in rows:
+        assert row["cases"] == 24 and row["cells"] > 10_000 and row["differ"] == 0, row
+        assert row["decode_cases"] == 24 and row["decode_keys"] > 1000 and row["decode_differ"] == 0, row
+
+
 def test_an_uncovered_backend_form_runs_as_sglang_runs_it_and_is_named_once(caplog):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 

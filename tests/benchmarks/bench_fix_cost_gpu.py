@@ -225,7 +225,7 @@ def fa3_verify(bs: int, topk: int, model: str, fixes: list) -> tuple:
                                   **({} if llama4 else {"sliding_window_size": WINDOW}))
     runner.device = DEVICE
     if llama4:
-        runner.attention_chunk_size = runner.sliding_window_size = chunk  # as ModelRunner sets them for Llama 4
+        runner.attention_chunk_size = runner.sliding_window_size = CHUNK  # as ModelRunner sets them for Llama 4
     depth = tree_depths(topk, n)
     positions = t.tensor([p + d for p in lens for d in depth], dtype=t.int64, device=DEVICE)
     mask = t.zeros(n, n, dtype=t.bool)
@@ -635,10 +635,14 @@ def _triton_swa_window(bs):
 def _triton_local_attn(bs, chunk: int = CHUNK):
     """Plain decode on a TritonAttnBackend for Llama 4 (``chunk``, requests of 600-1000 tokens)
     over a hybrid pool, CUDA graphs on. Fixed: the fix's chunk rail (a gather and a translation
-    per step) captured in the graph. Reference: the same rail built once before the capture
+    per step) captured in the graph. Reference: the same rail built once before the capture, in
+    torch ops (``triton_rail``'s CPU form; the fixed side's graph holds ``rail_kernel``'s kernel),
     and handed to the chunked layers (right for this batch by construction; the fix's per-step
     work taken out). Outputs must agree."""
     import dataclasses
+    from unittest import mock
+
+    from sglang_swa_plugin import triton_rail
 
     t = torch()
     fix, mod = hook("triton_local_attn").FIX, hook("triton_local_attn")
@@ -649,7 +653,8 @@ def _triton_local_attn(bs, chunk: int = CHUNK):
 
     def side(fixed: bool) -> Side:
         backend, batch = triton_decode(bs, lens, chunk, [fix])  # the backend keeps its runner's chunk either way
-        prebuilt = mod._decode_fields(backend, batch, chunk, True)
+        with mock.patch.object(triton_rail, "kernel_lays_out", lambda seq: False):
+            prebuilt = mod._decode_fields(backend, batch, chunk, True)
 
         def forward():
             if fixed:
@@ -720,11 +725,14 @@ def _triton_tree(bs: int, fix_name: str, model: str, size: int, layers, rail, ke
     """A tree's target verify (4 draft tokens) of ``layers`` (two in the SWA part, two full) on a
     TritonAttnBackend, CUDA graphs on. Fixed: the fix's rail (a gather, a translation and the
     tree mask re-laid) captured in the graph. Reference: the same rail (``rail(backend, batch)``)
-    built once before the capture and handed to the SWA-part layers with the fix's kernel
-    arguments (right for this batch by construction; the fix's per-step work taken out). Outputs
-    must agree."""
+    built once before the capture, in torch ops (``triton_rail``'s CPU form; the fixed side's
+    graph holds the Triton kernel of ``rail_kernel``), and handed to the SWA-part layers with the
+    fix's kernel arguments (right for this batch by construction; the fix's per-step work taken
+    out). Outputs must agree."""
     import dataclasses
+    from unittest import mock
 
+    from sglang_swa_plugin import triton_rail
     from sglang_swa_plugin.triton_rail import kernel_with
 
     t = torch()
@@ -736,7 +744,8 @@ def _triton_tree(bs: int, fix_name: str, model: str, size: int, layers, rail, ke
         k = t.randn(bs * n, KV_HEADS, HEAD_DIM, device=DEVICE, dtype=t.bfloat16, generator=t.Generator(DEVICE).manual_seed(3))
         refresh = replay_refresh(backend, batch, lens)
         refresh()  # the tree mask into the graph's buffer: the reference's rail is built from it
-        prebuilt = rail(backend, batch)
+        with mock.patch.object(triton_rail, "kernel_lays_out", lambda seq: False):
+            prebuilt = rail(backend, batch)
         kernel = backend.extend_attention_fwd
 
         def forward():

@@ -1501,22 +1501,27 @@ def scenario_one_pool_mle(out, _target, _draft):
     prefix): ``ref`` (no speculation, plugin on), ``ref_off`` (no speculation, stock),
     ``mle_on``, ``mle_off``. Each row's state; the speculative rows' requests identical to the
     same backend's ``ref`` (a right draft path changes no token); triton's ``ref`` against
-    fa3's (the two backends' one-pool decode of the same model)."""
+    fa3's (the two backends' one-pool decode of the same model). ONE_POOL_EXTRA: more server
+    arguments for every row (e.g. ``--disable-cuda-graph``); ONE_POOL_POOLS=one,hybrid: the same
+    rows on sglang's SWA pools too (keys ``<backend>_hybrid_...``)."""
     target = make_mimo_v2_target(tempfile.mkdtemp(prefix="swa_mimo_"))
     reqs = [p for seed in prompt_seeds() for p in prompts(32, 100, seed=seed)]
     mle = ["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", target,
            "--speculative-draft-load-format", "dummy", "--speculative-eagle-topk", "1",
            "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
     rows, against = {}, {}  # against: the row each row is compared with
+    pools = os.environ.get("ONE_POOL_POOLS", "one").split(",")  # "hybrid": the same rows on sglang's SWA pools
     for b in os.environ.get("ONE_POOL_BACKENDS", "fa3,triton").split(","):
-        base = BASE + ["--model-path", target, "--trust-remote-code", "--attention-backend", b,
-                       "--cuda-graph-max-bs", "32", "--disable-hybrid-swa-memory"]
-        p = "" if b == "fa3" else f"{b}_"
-        rows.update({f"{p}ref": (base, ON), f"{p}ref_off": (base, OFF), f"{p}mle_on": (base + mle, ON),
-                     f"{p}mle_off": (base + mle, OFF)})
-        against.update({f"{p}ref_off": f"{p}ref", f"{p}mle_on": f"{p}ref", f"{p}mle_off": f"{p}ref"})
-        if p:
-            against[f"{p}ref"] = "ref"  # another backend's one-pool decode against fa3's
+        for pool in pools:
+            base = BASE + ["--model-path", target, "--trust-remote-code", "--attention-backend", b,
+                           "--cuda-graph-max-bs", "32"] + os.environ.get("ONE_POOL_EXTRA", "").split()
+            base += ["--disable-hybrid-swa-memory"] if pool == "one" else []
+            p = ("" if b == "fa3" else f"{b}_") + ("" if pool == "one" else f"{pool}_")
+            rows.update({f"{p}ref": (base, ON), f"{p}ref_off": (base, OFF), f"{p}mle_on": (base + mle, ON),
+                         f"{p}mle_off": (base + mle, OFF)})
+            against.update({f"{p}ref_off": f"{p}ref", f"{p}mle_on": f"{p}ref", f"{p}mle_off": f"{p}ref"})
+            if p:
+                against[f"{p}ref"] = "ref"  # another backend's (or pool's) decode against fa3's one-pool decode
     only = os.environ.get("ROWS")
     if only:
         rows = {k: v for k, v in rows.items() if k in only.split(",")}

@@ -8,7 +8,7 @@
 #        guard_kernel | guard_server | gpu_tests | bench_decode | bench_fix_step | graph_kernel | bench_xqa | servers | fi7 | pack |
 #        llama4 | llama4_eagle | llama4_tree | llama4_tree_wide | llama4_exact | gptoss_exact | gemma4_exact | fi_kernel | bench_fi | fi_verify | triton_mtp |
 #        bench_fix_cost | throughput | selftest
-# servers: SCENARIOS="xqa_verify trtllm_eagle_accept ..." PARALLEL=N (side by side on the GPU)
+# servers: SCENARIOS="xqa_verify trtllm_eagle_accept ..." PARALLEL=N (side by side on the GPU); SITE: another unpacked release
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -73,7 +73,7 @@ for step in "$@"; do
       PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-300} python3 tests/benchmarks/bench_xqa_verify_gpu.py ${BLOCKS:-15} 2>&1 | tail -12 ;;
     servers)
       PARALLEL=${PARALLEL:-8} MEM_FRACTION=${MEM_FRACTION:-0.8} OLD_PLUGIN=$([ -d /root/oldplugin ] && echo /root/oldplugin) \
-        PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-560} python3 tests/gpu/e2e_server.py ${SCENARIOS:-xqa_verify} --out "$OUT" ;;
+        PYTHONPATH=${SITE:-/root/site} timeout ${STEP_TIMEOUT:-560} python3 tests/gpu/e2e_server.py ${SCENARIOS:-xqa_verify} --out "$OUT" ;;
     fi7)  # XQA's windowed multi-token path with the flashinfer releases sglang 0.5.22/0.5.23 pin
       python3 -m pip install -q --no-index --no-deps --upgrade --target /root/tvm .gpu-payload/fi7/apache_tvm_ffi*.whl
       for v in ${FI_VERSIONS:-071 072}; do

@@ -3,6 +3,7 @@ other keys than sglang picks (``triton_local_attn``: Llama 4's chunks; ``triton_
 a tree's window): requests' key ids gathered by sglang's own kernel, in the layer's pool space;
 an EAGLE tree's mask re-laid for those keys; and the call of a backend method with the rail in
 place of the backend's metadata. Device ops of fixed sizes, so that a CUDA graph captures them;
+on a GPU each layout is one Triton kernel (``rail_kernel``), its torch form here for CPUs;
 runtime only."""
 
 from __future__ import annotations
@@ -134,8 +135,8 @@ def tree_rail(self, forward_batch, rule: str, size: int, swa: bool) -> dict:
 
 
 def kernel_lays_out(seq) -> bool:
-    """Whether :func:`tree_rail` lays out with the Triton kernel: on a GPU, or under Triton's
-    interpreter (the tests); else the torch form."""
+    """Whether a rail's layout (:func:`tree_rail`, :func:`chunk_slots`) runs its Triton kernel: on
+    a GPU, or under Triton's interpreter (the tests); else its torch form."""
     return seq.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 

@@ -21,6 +21,9 @@ Read elsewhere, and documented here so that this list is complete:
 SGLANG_PLUGINS           sglang's own allow-list of plugin names (>= 0.5.11); unset, or
                          naming swa_plugin, lets sglang load the plugin. ``doctor`` and
                          ``check`` read it to tell whether the plugin will load.
+TRITON_INTERPRET         Triton's own (1: Triton kernels run on the CPU, as in the tests);
+                         ``triton_rail`` then lays out its rails with the Triton kernels on
+                         CPU tensors too, as on a GPU.
 """
 
 from __future__ import annotations

@@ -864,10 +864,15 @@ def measure(pair: Pair, blocks: int, per_block: int) -> dict:
 
 def child(key: str, blocks: int, per_block: int) -> None:
     """One fix's rows, each batch size on its own: prints ROW=<json> per batch."""
+    from sglang_swa_plugin.fix import Verdict
+
     spec = ROWS[key]
+    found = hook(spec.fix).FIX.detect()
     for bs in BATCHES:
         res = {"key": key, "fix": spec.fix, "step": spec.step, "bs": bs}
         try:
+            if found.verdict is not Verdict.NEEDED:  # the fix installs nothing: both sides would be one code
+                raise RuntimeError(f"not measured: {found.verdict.name.lower()} on this sglang ({found.reason[:150]})")
             res.update(measure(spec.build(bs), blocks, per_block))
         except Exception as e:  # noqa: BLE001 - the row says why; the other batch goes on
             res["error"] = f"{type(e).__name__}: {e}"[:300]

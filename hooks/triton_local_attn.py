@@ -22,7 +22,6 @@ Delete when
 from __future__ import annotations
 
 import ast
-import logging
 
 from sglang_swa_plugin import triton_rail
 from sglang_swa_plugin.fix import Detection, Fix, around, hookimpl
@@ -35,8 +34,6 @@ BACKEND = MODULE + ".TritonAttnBackend"
 INIT, DECODE, EXTEND = (BACKEND + m for m in (".__init__", ".forward_decode", ".forward_extend"))
 CHUNK = "_sglang_swa_plugin_attention_chunk"  # on the backend: the runner's attention_chunk_size
 RAIL = "_sglang_swa_plugin_chunk_rail"  # on the backend: (metadata, seq_lens, (SWA ids, in capture), metadata)
-logger = logging.getLogger("sglang.srt.plugins.swa_plugin")
-_warned: set = set()
 
 
 def _remember_chunk(original, self, model_runner, *args, **kwargs):
@@ -48,10 +45,8 @@ def _remember_chunk(original, self, model_runner, *args, **kwargs):
 
 def _uncovered(path: str) -> None:
     """One warning per process and path: a chunked layer that this fix leaves as sglang runs it."""
-    if path not in _warned:
-        _warned.add(path)
-        logger.warning("sglang-swa-plugin: %s: %s: the chunked (local) layers of this model attend over the whole "
-                       "context (tokens differ from the model past the first chunk); not corrected", NAME, path)
+    triton_rail.warn_once(NAME, path, "the chunked (local) layers of this model attend over the whole context "
+                                      "(tokens differ from the model past the first chunk)")
 
 
 def _chunked(self, layer) -> "int | None":
@@ -105,8 +100,7 @@ def _extend_fields(self, forward_batch, chunk: int, swa: bool) -> dict:
     if not split:  # no new token in the batch: nothing to attend
         return {}
     req, start, pre, queries = torch.tensor(split, dtype=torch.int64).T.to(self.req_to_token.device)
-    qo_indptr = torch.zeros(len(split) + 1, dtype=torch.int32, device=pre.device)
-    qo_indptr[1:] = torch.cumsum(queries, dim=0)
+    qo_indptr = triton_rail.offsets(queries)
     indptr, indices = _slots(self, forward_batch, forward_batch.req_pool_indices[req], pre.to(torch.int32), start,
                              sum(s[2] for s in split), swa)
     return {"qo_indptr": qo_indptr, "kv_indptr": indptr, "kv_indices": indices,
@@ -123,8 +117,7 @@ def _verify_fields(self, forward_batch, chunk: int, swa: bool) -> dict:
     before = seq_lens % chunk
     first = torch.clamp(chunk - before, max=n)
     queries = torch.stack([first, n - first], dim=1).flatten()
-    qo_indptr = torch.zeros(queries.shape[0] + 1, dtype=torch.int32, device=seq_lens.device)
-    qo_indptr[1:] = torch.cumsum(queries, dim=0)
+    qo_indptr = triton_rail.offsets(queries)
     lens = torch.stack([before, torch.zeros_like(before)], dim=1).flatten().to(torch.int32)
     starts = torch.stack([seq_lens - before, seq_lens], dim=1).flatten()
     indptr, indices = _slots(self, forward_batch, forward_batch.req_pool_indices.repeat_interleave(2), lens, starts,

@@ -22,7 +22,6 @@ Delete when
 from __future__ import annotations
 
 import ast
-import logging
 
 from sglang_swa_plugin import triton_rail
 from sglang_swa_plugin.fix import Detection, Fix, around, hookimpl
@@ -36,8 +35,6 @@ KERNEL_MODULES = ("sglang.kernels.ops.attention.extend_attention",  # 0.5.13+
 RAIL = "_sglang_swa_plugin_tree_window_rail"  # on the backend, per window: see triton_rail.call_with_rail
 # the kernel's own window (by row) off; the rail's mask windows each draft, over the kept keys too
 KERNEL_ARGS = {"skip_prefix_custom_mask": False, "sliding_window_size": -1, "window_kv_offsets": None}
-logger = logging.getLogger("sglang.srt.plugins.swa_plugin")
-_warned: set = set()
 
 
 def _window_fields(self, forward_batch, window: int, swa: bool) -> dict:
@@ -55,10 +52,8 @@ def _tree_window(original, self, q, k, v, layer, forward_batch, *args, **kwargs)
         return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
     path = triton_rail.unsupported(self)
     if path is not None:
-        if path not in _warned:
-            _warned.add(path)
-            logger.warning("sglang-swa-plugin: %s: %s: an EAGLE tree's drafts past their depth lose the oldest keys "
-                           "of their window (tokens can differ from the model); not corrected", NAME, path)
+        triton_rail.warn_once(NAME, path, "an EAGLE tree's drafts past their depth lose the oldest keys of their "
+                                          "window (tokens can differ from the model)")
         return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
     swa = triton_rail.in_swa_part(triton_rail.pool(self, forward_batch), layer)
     return triton_rail.call_with_rail(original, self, f"{RAIL}_{window}", swa,

@@ -79,9 +79,11 @@ def tree_rail_layout(seq_lens, positions, stock, stock_indptr, rule: int, size: 
     starts = torch.empty(bs, dtype=torch.int64, device=dev)
     mask = torch.empty(bs * n * (size + n), dtype=stock.dtype, device=dev)
     mask_indptr = torch.empty(bs + 1, dtype=mask_indptr_dtype, device=dev)
+    def cells(t):  # a bool mask as its bytes (what the kernel loads and stores)
+        return t.view(torch.uint8) if t.dtype == torch.bool else t
+
     _tree_rail_kernel[(bs * n,)](
-        seq_lens, positions, stock.view(torch.uint8) if stock.dtype == torch.bool else stock, stock_indptr,
-        stock.numel(), kv_indptr, keys, starts, mask.view(torch.uint8) if mask.dtype == torch.bool else mask,
+        seq_lens, positions, cells(stock), stock_indptr, stock.numel(), kv_indptr, keys, starts, cells(mask),
         mask_indptr, bs, size, N=n, RULE=rule, BS_BLOCK=triton.next_power_of_2(bs), BLOCK=BLOCK)
     return kv_indptr, keys, starts, mask, mask_indptr
 

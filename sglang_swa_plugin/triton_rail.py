@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 
 from .probe import optional_module
+
+logger = logging.getLogger("sglang.srt.plugins.swa_plugin")
+WARNED: set = set()  # (fix, path) pairs already named in the log
 
 GATHER = "create_flashinfer_kv_indices_triton"  # sglang's req_to_token gather, where each release keeps it
 GATHER_MODULES = ("sglang.srt.layers.attention.triton_backend", "sglang.kernels.ops.attention.kv_indices",
@@ -28,6 +32,24 @@ def unsupported(self) -> "str | None":
     return next((p for p, on in (("decode context parallelism", getattr(self, "dcp_size", 1) > 1),
                                  ("deterministic inference", getattr(self, "enable_deterministic", False)),
                                  ("a translating KV index space (unified pool)", translating)) if on), None)
+
+
+def warn_once(fix: str, path: str, consequence: str) -> None:
+    """One warning per process, fix and path: a path ``fix`` leaves as sglang runs it (e.g. a form
+    :func:`unsupported` names), and what that means for the tokens."""
+    if (fix, path) not in WARNED:
+        WARNED.add((fix, path))
+        logger.warning("sglang-swa-plugin: %s: %s: %s; not corrected", fix, path, consequence)
+
+
+def offsets(lens, dtype=None):
+    """``[0, lens[0], lens[0] + lens[1], ...]``: the packed offsets of ``lens`` (int32 unless
+    ``dtype``)."""
+    import torch
+
+    out = torch.zeros(lens.shape[0] + 1, dtype=dtype or torch.int32, device=lens.device)
+    out[1:] = torch.cumsum(lens, dim=0)
+    return out
 
 
 def missing_gather() -> "str | None":
@@ -56,10 +78,7 @@ def in_swa_part(kv_pool, layer) -> bool:
 def slots(self, forward_batch, rows, lens, starts, size: int, swa: bool):
     """Per request ``req_to_token[rows[i], starts[i]:][:lens[i]]``, packed (sglang's own gather)
     into ``size`` ids; SWA ids where ``swa``. Returns ``(indptr, ids)``."""
-    import torch
-
-    indptr = torch.zeros(lens.shape[0] + 1, dtype=torch.int32, device=lens.device)
-    indptr[1:] = torch.cumsum(lens, dim=0)
+    indptr = offsets(lens)
     return indptr, packed(self, forward_batch, rows, lens, indptr, starts, size, swa)
 
 
@@ -94,9 +113,7 @@ def _chunk_layout(seq, chunk: int):
     import torch
 
     lens = torch.minimum((seq - 1) % chunk + 1, seq).to(torch.int32)
-    indptr = torch.zeros(seq.shape[0] + 1, dtype=torch.int32, device=seq.device)
-    indptr[1:] = torch.cumsum(lens, dim=0)
-    return indptr, lens, seq.to(torch.int64) - lens
+    return offsets(lens), lens, seq.to(torch.int64) - lens
 
 
 def tree_verify(forward_batch) -> bool:
@@ -158,11 +175,8 @@ def _layout(seq, pos, md, rule: str, size: int, n: int):
         chunk = pos // size
         first_seen = torch.where(chunk == (seq // size)[b], 0, keys[b])
         draft_seen = chunk.view(-1, n)[b] == chunk[:, None]
-    kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
-    kv_indptr[1:] = torch.cumsum(keys, dim=0)
     cached = keys.repeat_interleave(n)
-    row_start = torch.zeros(bs * n + 1, dtype=torch.int32, device=dev)
-    row_start[1:] = torch.cumsum(cached + n, dim=0)
+    row_start = offsets(cached + n)
     stock = md.custom_mask  # sglang's rows of L + n cells
     at = (md.mask_indptr[b].to(torch.int64) + (row % n) * (seq[b] + n) + seq[b])[:, None] + torch.arange(n, device=dev)
     sees_draft = (stock[at.clamp_(0, stock.numel() - 1)].bool() & draft_seen).flatten()
@@ -173,7 +187,7 @@ def _layout(seq, pos, md, rule: str, size: int, n: int):
     kept = cached[r]
     seen = torch.where(col < kept, col >= first_seen[r], sees_draft[r * n + (col - kept).clamp_(0, n - 1)])
     seen &= cell < row_start[-1]
-    return (kv_indptr, keys.to(torch.int32), seq - keys, seen.to(stock.dtype),
+    return (offsets(keys), keys.to(torch.int32), seq - keys, seen.to(stock.dtype),
             row_start[::n].to(md.mask_indptr.dtype))
 
 

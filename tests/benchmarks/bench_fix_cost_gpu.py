@@ -120,6 +120,16 @@ def torch():
     return t
 
 
+def torch_form():
+    """While it lasts, ``triton_rail``'s layouts run as torch ops (its CPU form) on a GPU too: the
+    references of the triton rail rows, against which the fixed side's kernels are held."""
+    from unittest import mock
+
+    from sglang_swa_plugin import triton_rail
+
+    return mock.patch.object(triton_rail, "kernel_lays_out", lambda seq: False)
+
+
 def capture(forward) -> object:
     """sglang's capture: two eager warm-up passes, then the pass captured into a CUDA graph."""
     t = torch()
@@ -640,9 +650,6 @@ def _triton_local_attn(bs, chunk: int = CHUNK):
     and handed to the chunked layers (right for this batch by construction; the fix's per-step
     work taken out). Outputs must agree."""
     import dataclasses
-    from unittest import mock
-
-    from sglang_swa_plugin import triton_rail
 
     t = torch()
     fix, mod = hook("triton_local_attn").FIX, hook("triton_local_attn")
@@ -653,7 +660,7 @@ def _triton_local_attn(bs, chunk: int = CHUNK):
 
     def side(fixed: bool) -> Side:
         backend, batch = triton_decode(bs, lens, chunk, [fix])  # the backend keeps its runner's chunk either way
-        with mock.patch.object(triton_rail, "kernel_lays_out", lambda seq: False):
+        with torch_form():
             prebuilt = mod._decode_fields(backend, batch, chunk, True)
 
         def forward():
@@ -730,9 +737,7 @@ def _triton_tree(bs: int, fix_name: str, model: str, size: int, layers, rail, ke
     fix's kernel arguments (right for this batch by construction; the fix's per-step work taken
     out). Outputs must agree."""
     import dataclasses
-    from unittest import mock
 
-    from sglang_swa_plugin import triton_rail
     from sglang_swa_plugin.triton_rail import kernel_with
 
     t = torch()
@@ -744,7 +749,7 @@ def _triton_tree(bs: int, fix_name: str, model: str, size: int, layers, rail, ke
         k = t.randn(bs * n, KV_HEADS, HEAD_DIM, device=DEVICE, dtype=t.bfloat16, generator=t.Generator(DEVICE).manual_seed(3))
         refresh = replay_refresh(backend, batch, lens)
         refresh()  # the tree mask into the graph's buffer: the reference's rail is built from it
-        with mock.patch.object(triton_rail, "kernel_lays_out", lambda seq: False):
+        with torch_form():
             prebuilt = rail(backend, batch)
         kernel = backend.extend_attention_fwd
 

@@ -41,7 +41,7 @@ DEMO_VERSION = "0.5.11"
 CLI_VERSIONS = {"0.5.10", VERSIONS[-1]}
 FIX_TESTS = [os.path.join("tests", f"test_{name}.py") for name in (
     "trtllm_swa_pool", "trtllm_extend_routing", "frozen_kv_views", "fa3_spec_translate", "trtllm_xqa_spec_decode",
-    "trtllm_xqa_dense_query")]
+    "trtllm_xqa_dense_query", "trtllm_local_attn")]
 # What mainwindow runs: the fixes' tests, and the check that each snapshot still carries,
 # shows and gets corrected the bugs SNAPSHOTS lists for it.
 MAIN_WINDOW_TESTS = FIX_TESTS + [os.path.join("tests", "test_main_window.py")]

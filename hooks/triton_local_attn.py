@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 
 from sglang_swa_plugin import triton_rail
+from sglang_swa_plugin.chunked import CHUNK, chunk_of as _chunked, remember_chunk_hook
 from sglang_swa_plugin.fix import Detection, Fix, around, hookimpl
 from sglang_swa_plugin.probe import function_tree, is_attribute, module_tree, nodes, optional_module, own_function
 from sglang_swa_plugin.triton_rail import slots as _slots, tree_verify as _tree_verify
@@ -32,29 +33,14 @@ NAME = "triton_local_attn"
 MODULE = "sglang.srt.layers.attention.triton_backend"
 BACKEND = MODULE + ".TritonAttnBackend"
 INIT, DECODE, EXTEND = (BACKEND + m for m in (".__init__", ".forward_decode", ".forward_extend"))
-CHUNK = "_sglang_swa_plugin_attention_chunk"  # on the backend: the runner's attention_chunk_size
+_remember_chunk = remember_chunk_hook()  # around __init__
 RAIL = "_sglang_swa_plugin_chunk_rail"  # on the backend: (metadata, seq_lens, (SWA ids, in capture), metadata)
-
-
-def _remember_chunk(original, self, model_runner, *args, **kwargs):
-    """Around ``TritonAttnBackend.__init__``: the backend keeps its runner's chunk size."""
-    result = original(self, model_runner, *args, **kwargs)
-    vars(self)[CHUNK] = getattr(model_runner, "attention_chunk_size", None)
-    return result
 
 
 def _uncovered(path: str) -> None:
     """One warning per process and path: a chunked layer that this fix leaves as sglang runs it."""
     triton_rail.warn_once(NAME, path, "the chunked (local) layers of this model attend over the whole context "
                                       "(tokens differ from the model past the first chunk)")
-
-
-def _chunked(self, layer) -> "int | None":
-    """The chunk of a chunked layer (``use_irope``, no window) of a backend built for a chunked model."""
-    chunk = vars(self).get(CHUNK)
-    if chunk and getattr(layer, "use_irope", False) and getattr(layer, "sliding_window_size", None) in (None, -1):
-        return chunk
-    return None
 
 
 def _chunk_of(self, layer) -> "int | None":

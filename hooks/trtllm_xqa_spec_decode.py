@@ -20,13 +20,14 @@ Delete when
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl
 from sglang_swa_plugin.probe import callee, optional_module, own_function, swapped
 from sglang_swa_plugin.trtllm_mha import (CLASS, DECODE_KERNELS, FORWARD_EXTEND as TARGET, FORWARD_EXTEND_PARAMS,
                                           MODULE, V2_TEST, XQA_FLAG, ModuleView, backend_class, flashinfer_view, has,
-                                          nodes, routes_v2_to_decode, tests_v2, syntax, v2_flags, with_decode_entry)
+                                          PerPass, capturing, exact_query, nodes, one_token_rows, routes_v2_to_decode,
+                                          tests_v2, syntax, v2_flags, with_decode_entry)
 
 TARGET_VERIFY_TEST = "is_target_verify"
 
@@ -48,29 +49,6 @@ def spec_decode_mask(q_len: int, batch: int, device: Any = None) -> Any:
     return mask.unsqueeze(0).expand(batch, -1, -1).contiguous()
 
 
-def capturing() -> bool:
-    """True while the current CUDA stream is being captured into a graph (host-side query,
-    no sync); False on a machine without CUDA."""
-    import torch
-
-    try:
-        return bool(torch.cuda.is_current_stream_capturing())
-    except (RuntimeError, AssertionError, AttributeError):
-        return False
-
-
-class _Rows(NamedTuple):
-    """The single-token rows of one forward pass and what they were derived from."""
-
-    layer_id: int  # the last layer that used them
-    seq_lens: Any
-    block_tables: Any
-    q_len: int
-    capturing: bool
-    lens: Any  # per row: S - q_len + 1 + r
-    table: Any  # per row: the request's page-table row
-
-
 class _XqaState:
     """Per backend: what the hook derives on the device, kept so that it is exact under CUDA
     graphs (sglang captures a forward pass after running it eagerly on the same static
@@ -80,16 +58,13 @@ class _XqaState:
       reads it at every replay); a mask made during a capture holds values only inside that
       graph, so it is never handed out again;
     - the single-token rows of the sliding-window layers, derived from ``seq_lens`` and the
-      SWA page table. They are reused only by a later layer of the same forward pass: a
-      layer id that does not grow starts a new pass (a warm-up run, then the capture, then
-      the next batch), as do other tensors or a change of capture state, so a captured pass
-      records its own derivation from the graph's static buffers and replays it."""
+      SWA page table once per forward pass (``trtllm_mha.PerPass``)."""
 
     def __init__(self) -> None:
         self.by_len: Dict[Tuple[int, Any], Any] = {}
         self.kept: List[Any] = []
         self.layer_id: int = -1  # the layer the hook is running
-        self.rows: Optional[_Rows] = None
+        self.rows = PerPass()
 
     def mask(self, q_len: int, batch: int, device: Any) -> Any:
         key = (q_len, device)
@@ -104,19 +79,9 @@ class _XqaState:
 
     def single_token_rows(self, seq_lens: Any, block_tables: Any, q_len: int) -> Tuple[Any, Any]:
         """Row r of a request with ``seq_lens`` S (after the draft's K/V) as a request of its
-        own: ``seq_lens`` S - q_len + 1 + r (at least 1: padded graph rows), the request's
-        page-table row."""
-        import torch
-
-        now, rows = capturing(), self.rows
-        if (rows is None or self.layer_id <= rows.layer_id or rows.seq_lens is not seq_lens
-                or rows.block_tables is not block_tables or rows.q_len != q_len or rows.capturing != now):
-            offsets = torch.arange(1 - q_len, 1, device=seq_lens.device, dtype=seq_lens.dtype)
-            lens = (seq_lens[:, None] + offsets[None, :]).reshape(-1).clamp_(min=1)
-            rows = _Rows(self.layer_id, seq_lens, block_tables, q_len, now, lens,
-                         block_tables.repeat_interleave(q_len, dim=0))
-        self.rows = rows._replace(layer_id=self.layer_id)
-        return rows.lens, rows.table
+        own (``trtllm_mha.one_token_rows``), once per forward pass (``trtllm_mha.PerPass``)."""
+        return self.rows.get(self.layer_id, (seq_lens, block_tables), q_len,
+                             lambda: one_token_rows(seq_lens, block_tables, q_len))
 
 
 def _masking_flashinfer(flashinfer: Any, state: _XqaState) -> ModuleView:
@@ -129,19 +94,12 @@ def _masking_flashinfer(flashinfer: Any, state: _XqaState) -> ModuleView:
     - a sliding window: every draft row becomes its own one-token request (page-table row
       repeated, ``seq_lens`` = that row's position + 1), because XQA's multi-token path is not
       exact with a window (see Bug). Device-side ops only, so it is CUDA-graph safe."""
-    import torch
-
     decode = flashinfer.decode.trtllm_batch_decode_with_kv_cache
 
     def trtllm_batch_decode_with_kv_cache(*args: Any, **kwargs: Any) -> Any:
         q_len = kwargs.get("q_len_per_req") or 1
         if q_len > 1 and not args and {"query", "seq_lens", "block_tables"} <= kwargs.keys():
-            query = kwargs["query"]
-            if query.dtype == torch.float8_e4m3fn:
-                query = query.to(kwargs.get("out_dtype") or torch.bfloat16)
-            # The model hands over q as a view of its fused qkv projection (rows strided by
-            # q+k+v); XQA's multi-token path reads rows as if dense (see Bug).
-            query = kwargs["query"] = query.contiguous()
+            query = kwargs["query"] = exact_query(kwargs["query"], kwargs.get("out_dtype"))
             window = kwargs.get("window_left")
             if window is not None and window >= 0:
                 kwargs["seq_lens"], kwargs["block_tables"] = state.single_token_rows(

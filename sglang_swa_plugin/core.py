@@ -106,6 +106,7 @@ BUILTIN_MODULES = (
     "sglang_swa_plugin.hooks.swa_write_loc",
     "sglang_swa_plugin.hooks.triton_local_attn",
     "sglang_swa_plugin.hooks.triton_swa_tree_verify",
+    "sglang_swa_plugin.hooks.trtllm_local_attn",
 )
 
 

@@ -29,8 +29,11 @@ class Gap:
 
 
 GAPS: Tuple[Gap, ...] = (
-    Gap("Llama 4", "trtllm_mha, every mode (sglang's choice for Llama 4 on Blackwell, sm100; seen on an H200)",
-        "wrong tokens past the first chunk: the chunked layers run as a sliding window", "fa3, or triton"),
+    Gap("Llama 4", "trtllm_mha's prefill (Blackwell's context kernel; Hopper's fmha_v2, sglang 0.5.19+), "
+                   "prompts longer than a chunk (8192)",
+        "stock: its chunked layers attend the whole prompt; the plugin's virtual requests for it "
+        "(`trtllm_local_attn`'s decode and verify ran on a GPU) are a preview, not run on a GPU: "
+        "SGLANG_SWA_PLUGIN_PREVIEW=trtllm_local_attn_prefill", "fa3, or triton", warned_by="trtllm_local_attn"),
     Gap("MiMo-V2", "fa3, NEXTN topk > 1, CUDA graphs on, sglang 0.5.11 and 0.5.17",
         "the server does not start: CUDA-graph capture fails (`shape '[-1, 1, 1, 192]' is invalid`: fa3's "
         "topk > 1 (cascade) call views the value cache with the key head size; not in 0.5.23's source)",
@@ -39,8 +42,10 @@ GAPS: Tuple[Gap, ...] = (
         "the model's tokens, but 1.3-1.5 tokens accepted per step (2.4-3.3 with CUDA graphs off; absent on 0.5.17)",
         "topk 1"),
     Gap("MiMo-V2", "triton, multi-layer EAGLE, CUDA graphs off, sglang 0.5.11",
-        "illegal memory access, with one KV pool too (not the SWA pool's ids; it serves with "
-        "CUDA_LAUNCH_BLOCKING=1: a race; absent on 0.5.17)", "CUDA graphs on"),
+        "illegal memory access, one KV pool too: the eager draft extend's index buffers start with "
+        "stray data (kv_indptr[0] holds a float's bits), written by an earlier kernel not yet "
+        "found; with their first entries zeroed it serves wrong tokens, as with one MTP step "
+        "(28-29 of 64 equal to the model's decode; absent on 0.5.17)", "CUDA graphs on"),
     Gap("MiMo-V2", "trtllm_mha without speculation; flashinfer, sglang 0.5.11",
         "the server does not start: sglang views the value cache with the key head size (trtllm_mha; "
         "0.5.17 stock too), or passes attention sinks its flashinfer backend does not take", "fa3, or triton"),

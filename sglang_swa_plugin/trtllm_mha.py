@@ -1,15 +1,16 @@
 """What the trtllm_mha fixes read of the installed ``TRTLLMHAAttnBackend``: its dotted names,
 the syntax-tree reading of ``forward_extend`` (which modes reach the decode kernel), and the
 module view through which a fix hands the backend's ``flashinfer`` calls something else.
-Shared by ``trtllm_extend_routing``, ``trtllm_xqa_spec_decode`` and ``trtllm_xqa_dense_query``;
-runtime only."""
+Shared by ``trtllm_extend_routing``, ``trtllm_xqa_spec_decode``, ``trtllm_xqa_dense_query`` and
+``trtllm_local_attn``, with what the kernel-call rewrites share (one-token rows of a multi-token
+call, its query as XQA reads it exactly, a derivation kept for one forward pass); runtime only."""
 
 from __future__ import annotations
 
 import ast
 import functools
 import sys
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Tuple
 
 from .fix import TargetMissing
 from .probe import callee, function_tree, nodes, own_function, target_class
@@ -122,3 +123,66 @@ def routes_v2_to_decode(forward_extend: Any) -> Optional[bool]:
     """Whether ``forward_extend`` runs a decode kernel for DRAFT_EXTEND_V2; None when it
     calls no decode kernel at all (a shape no fix knows)."""
     return _routes(syntax(forward_extend))
+
+
+# ---------------------------------------------------------------------------- kernel-call rewrites
+
+
+def capturing() -> bool:
+    """True while the current CUDA stream is being captured into a graph (host-side query,
+    no sync); False on a machine without CUDA."""
+    import torch
+
+    try:
+        return bool(torch.cuda.is_current_stream_capturing())
+    except (RuntimeError, AssertionError, AttributeError):
+        return False
+
+
+class _Kept(NamedTuple):
+    layer_id: int  # the last layer that used the value
+    sources: tuple  # the tensors it was derived from (held: compared by identity)
+    key: Any  # what else it was derived from (compared by value)
+    capturing: bool
+    value: Any
+
+
+class PerPass:
+    """A device-side derivation shared by the layers of one forward pass. sglang captures a pass
+    after running it eagerly on the same static buffers, and at replay no Python runs, so a
+    value is reused only by a later layer of the same pass: a layer id that does not grow
+    starts a new pass (a warm-up run, then the capture, then the next batch), as do other
+    source tensors or a change of capture state; a captured pass records its own derivation."""
+
+    def __init__(self) -> None:
+        self.kept: Optional[_Kept] = None
+
+    def get(self, layer_id: int, sources: tuple, key: Any, build: Callable[[], Any]) -> Any:
+        now, kept = capturing(), self.kept
+        if (kept is None or layer_id <= kept.layer_id or kept.capturing != now or kept.key != key
+                or len(kept.sources) != len(sources) or any(a is not b for a, b in zip(kept.sources, sources))):
+            kept = _Kept(layer_id, sources, key, now, build())
+        self.kept = kept._replace(layer_id=layer_id)
+        return kept.value
+
+
+def one_token_rows(seq_lens: Any, block_tables: Any, q_len: int) -> Tuple[Any, Any]:
+    """Row r of a request with ``seq_lens`` S (after its ``q_len`` query tokens' K/V) as a request
+    of its own: ``S - q_len + 1 + r`` keys (at least 1: padded graph rows), the request's
+    page-table row. Device ops of a fixed size."""
+    import torch
+
+    offsets = torch.arange(1 - q_len, 1, device=seq_lens.device, dtype=seq_lens.dtype)
+    lens = (seq_lens[:, None] + offsets[None, :]).reshape(-1).clamp_(min=1)
+    return lens, block_tables.repeat_interleave(q_len, dim=0)
+
+
+def exact_query(query: Any, out_dtype: Any) -> Any:
+    """A multi-token call's query as XQA computes it exactly: dense (models hand over q as a view
+    of their fused qkv projection, rows strided by q+k+v; XQA reads rows as if dense), and a
+    query the release made FP8 in the output dtype (its scale is already in ``bmm1_scale``)."""
+    import torch
+
+    if query.dtype == torch.float8_e4m3fn:
+        query = query.to(out_dtype or torch.bfloat16)
+    return query.contiguous()

@@ -11,6 +11,7 @@ name functions and branches)."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 from importlib.metadata import version
 from pathlib import Path
@@ -52,10 +53,17 @@ def test_readme_gaps_table_is_what_doctor_lists():
 def test_a_gap_a_fix_warns_about_is_one_of_its_paths():
     """A gap a fix names at run time (``warned_by``) is a path that fix's record says it does not
     cover, and the fix exists."""
-    for gap in (g for g in GAPS if g.warned_by):
+    warned = [g for g in GAPS if g.warned_by]
+    assert warned  # today: Llama 4's prefill on trtllm_mha (trtllm_local_attn's preview)
+    for gap in warned:
         module = next(m for m in BUILTIN_MODULES if m.rsplit(".", 1)[1] == gap.warned_by)
-        record = " ".join(importlib.import_module(module).__doc__.split())
-        assert "Not covered (one warning names it)" in record and "topk > 1" in record, (gap, record)
+        mod = importlib.import_module(module)
+        record = " ".join(mod.__doc__.split())
+        assert "Not covered (one warning names it)" in record, (gap, record)
+        # the path the gap names is one the record leaves out or holds back as a preview
+        named = [w for w in re.findall(r"[a-z_0-9]{6,}", gap.path.lower()) if w in record.lower()]
+        assert named, (gap.path, record)
+        assert "warn_once(" in inspect.getsource(mod) or "_uncovered(" in inspect.getsource(mod)
 
 
 LAST_RELEASE = 23  # the newest release of the test matrix: "0.5.N+" spans up to it

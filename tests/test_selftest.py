@@ -267,6 +267,16 @@ def test_rows_for_a_gpu_capability():
     assert nextn[nextn.index("--speculative-algorithm") + 1] == "NEXTN" and nextn[nextn.index("--max-total-tokens") + 1] == "16384"
     tree = mtp["mimo_v2/triton/nextn_k2/plugin"]  # NEXTN's tree of drafts
     assert tree[tree.index("--speculative-algorithm") + 1] == "NEXTN" and tree[tree.index("--speculative-eagle-topk") + 1] == "2"
+    # a target's server arguments for one backend (Llama 4's chunk of 32: trtllm_mha pages of 32)
+    from sglang_swa_plugin.selftest.targets import llama4
+
+    saved = rows.Saved("/l", "/d", "eagle3", (), tuple(llama4.BACKEND_SERVER_ARGS.items()))
+    l4 = {p.row.key: p.args for p in rows.plan({"llama4": saved}, ["fa3", "trtllm_mha"], (9, 0), opts)}
+    pages = {k: a[a.index("--page-size") + 1] if "--page-size" in a else None for k, a in l4.items()}
+    assert pages == {"llama4/fa3/plain/plugin": None, "llama4/fa3/k1/plugin": None, "llama4/fa3/k2/plugin": None,
+                     "llama4/trtllm_mha/plain/plugin": "32", "llama4/trtllm_mha/k1/plugin": "32",
+                     "llama4/trtllm_mha/k2/plugin": "32"}, pages
+    assert llama4.CHUNK % int(pages["llama4/trtllm_mha/plain/plugin"]) == 0
 
 
 # -- judging, the matrix and the exit status -------------------------------------------------

@@ -27,10 +27,10 @@ from sglang_swa_plugin.core import temporarily_installed
 from sglang_swa_plugin.fix import Verdict
 from sglang_swa_plugin.hooks import trtllm_extend_routing as routing
 from sglang_swa_plugin.hooks import trtllm_xqa_spec_decode as xqa
-from sglang_swa_plugin.probe import optional_module, swapped, target_class
+from sglang_swa_plugin.probe import target_class
 
 from cpu_graph import CpuGraph
-from graph_steps import in_graph, prepare_capture, prepare_replay
+from graph_steps import cpu_trtllm_kernels, in_graph, prepare_capture, prepare_replay
 from helpers import without_fix
 
 Q = 3  # draft tokens per request
@@ -39,24 +39,6 @@ PREFIX = (4, 6)  # tokens per request before the drafts, at capture
 
 def _stock():
     return without_fix(target_class(xqa.CLASS), "forward_extend", xqa.FIX.name)
-
-
-@contextlib.contextmanager
-def _kernels(graph, calls):
-    """The module's flashinfer (and, where the release has them, its Triton page-table builder
-    and FP8 quantizer) replaced by CPU recorders; kernel calls are graph steps."""
-    mod = optional_module(xqa.MODULE)
-    rec = kernels.kernel_recorders(calls, [-1])
-    rec.decode.trtllm_batch_decode_with_kv_cache = graph.kernel(rec.decode.trtllm_batch_decode_with_kv_cache)
-    rec.prefill.trtllm_batch_context_with_kv_cache = graph.kernel(rec.prefill.trtllm_batch_context_with_kv_cache)
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(swapped(mod, "flashinfer", rec))
-        if hasattr(mod, "build_trtllm_mha_page_table"):
-            stack.enter_context(swapped(mod, "build_trtllm_mha_page_table", kernels.page_table_on_cpu))
-        if hasattr(mod, "update_trtllm_mha_graph_metadata"):  # 0.5.15+: a kernel inside the captured pass
-            stack.enter_context(swapped(mod, "update_trtllm_mha_graph_metadata",
-                                        graph.kernel(kernels.graph_metadata_on_cpu)))
-        yield
 
 
 def _forward(backend, batch, layers, q):
@@ -132,7 +114,7 @@ def run_replays(install: bool, mode: str = "TARGET_VERIFY"):
         stack.enter_context(_stock())
         if install:
             stack.enter_context(temporarily_installed(xqa.FIX))
-        stack.enter_context(_kernels(graph, calls))
+        stack.enter_context(cpu_trtllm_kernels(graph, calls))
         prepare_capture(backend, batch, Q)
         _forward(backend, batch, layers, q)  # sglang's warm-up runs
         _forward(backend, batch, layers, q)

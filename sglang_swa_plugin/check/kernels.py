@@ -57,11 +57,22 @@ def kernel_recorders(calls: List[KernelCall], layer_ids: List[int]) -> SimpleNam
                 bmm1_scale, bmm2_scale, batch_size, cum_seq_lens_q, cum_seq_lens_kv, *a,
                 out=None, out_dtype=None, **kw):
         calls.append(KernelCall("context", layer_ids[-1], query.shape[0], query.dtype, None, batch_size,
-                                seq_lens.tolist(), cum_seq_lens_q.tolist(), block_tables.clone()))
+                                seq_lens.tolist(), cum_seq_lens_q.tolist(), block_tables.clone(),
+                                window_left=kw.get("window_left")))
+        return output(query, out, out_dtype)
+
+    def fmha_v2(qkv, input_layout, workspace_buffer, seq_lens, max_q_len, max_kv_len, bmm1_scale, bmm2_scale,
+                batch_size, cum_seq_lens_q, cum_seq_lens_kv, block_tables, *a, out=None, out_dtype=None, **kw):
+        # Hopper/sm120 prefill (0.5.19+): block_tables [batch, 2, pages], K's pages then V's
+        query = qkv[0]
+        calls.append(KernelCall("context", layer_ids[-1], query.shape[0], query.dtype, None, batch_size,
+                                seq_lens.tolist(), cum_seq_lens_q.tolist(), block_tables[:, 0].clone(),
+                                window_left=kw.get("window_left")))
         return output(query, out, out_dtype)
 
     return SimpleNamespace(decode=SimpleNamespace(trtllm_batch_decode_with_kv_cache=decode),
-                           prefill=SimpleNamespace(trtllm_batch_context_with_kv_cache=context))
+                           prefill=SimpleNamespace(trtllm_batch_context_with_kv_cache=context,
+                                                   trtllm_fmha_v2_prefill=fmha_v2))
 
 
 def page_table_on_cpu(req_to_token, req_pool_indices, cache_seqlens, page_table, page_size,

@@ -265,7 +265,8 @@ def main(args: argparse.Namespace, runner: Optional[Callable] = None, gpu=rows.d
         else:
             modules[name] = t
             paths[name] = rows.Saved(*t.save(os.path.join(work, "targets")), targets.draft_kind(t),
-                                     tuple(getattr(t, "SERVER_ARGS", ())))
+                                     tuple(getattr(t, "SERVER_ARGS", ())),
+                                     tuple(getattr(t, "BACKEND_SERVER_ARGS", {}).items()))
 
     planned = rows.plan(paths, args.backends, found.capability, options(), stock=args.stock,
                         graphs_off=args.graphs_off, patterns=args.rows, mem_fraction=args.mem_fraction,

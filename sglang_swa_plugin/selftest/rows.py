@@ -130,13 +130,15 @@ def eagle3(draft: str, topk: int, steps: int, draft_tokens: int, algorithm: str 
 
 
 class Saved(NamedTuple):
-    """A saved target: its checkpoint, its draft's (None: none), the draft's kind (MODES' Spec.draft)
-    and the server arguments it needs (e.g. --trust-remote-code)."""
+    """A saved target: its checkpoint, its draft's (None: none), the draft's kind (MODES' Spec.draft),
+    the server arguments it needs (e.g. --trust-remote-code) and those it needs on one backend
+    (``{backend: args}``)."""
 
     target: str
     draft: Optional[str]
     draft_kind: Optional[str] = "eagle3"
     server_args: tuple = ()
+    backend_server_args: tuple = ()  # ((backend, args), ...)
 
 
 def exact_base(target: str, total: int = 16384, piecewise: bool = False, swa_ratio: float = 0.25,
@@ -213,7 +215,7 @@ def _planned(row: Row, saved: Saved, spec: Optional[Spec], capability, options, 
     if args is None:
         return Planned(row, None, why_not)
     args = exact_base(saved.target, POOLS[row.pool], mem_fraction=mem_fraction, flags=options.flags) + args
-    args += list(saved.server_args)
+    args += list(saved.server_args) + list(dict(saved.backend_server_args).get(row.backend, ()))
     if spec is not None:
         args += eagle3(saved.draft, spec.topk, spec.steps, spec.draft_tokens, spec.algorithm)
     if not row.graphs:

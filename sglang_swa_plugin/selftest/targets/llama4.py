@@ -51,6 +51,10 @@ B_DELTA = 1
 # only), the reference is transformers' text model.
 TITLE, ARCHITECTURE, REFERENCE_CLASS = "Llama 4", "Llama4ForConditionalGeneration", "Llama4ForCausalLM"
 SIZE, LABEL, HAS_DRAFT = CHUNK, "chunk", True
+# trtllm_mha's pages (sglang's choice: 64) do not tile the chunk of 32; the plugin's
+# trtllm_local_attn runs a chunked layer from its chunk's first page, so it covers pages that
+# tile the chunk, as every page size tiles Llama 4's own 8192. Its rows run pages of 32.
+BACKEND_SERVER_ARGS = {"trtllm_mha": ("--page-size", "32")}
 
 
 def weights(seed: int = 26) -> dict:

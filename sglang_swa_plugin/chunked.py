@@ -1,0 +1,30 @@
+"""Llama 4's chunked ("local") layers as the triton and trtllm_mha fixes see them
+(``triton_local_attn``, ``trtllm_local_attn``): the runner's chunk size kept on the backend
+when it is built, and which layers attend by chunk. Runtime only."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+CHUNK = "_sglang_swa_plugin_attention_chunk"  # on the backend: the runner's attention_chunk_size
+
+
+def remember_chunk_hook():
+    """A new AROUND hook for a backend's ``__init__`` that keeps its runner's chunk size on the
+    backend (one per fix: a hook function carries the mark of the fix that installed it)."""
+
+    def remember_chunk(original, self, model_runner, *args, **kwargs):
+        result = original(self, model_runner, *args, **kwargs)
+        vars(self)[CHUNK] = getattr(model_runner, "attention_chunk_size", None)
+        return result
+
+    return remember_chunk
+
+
+def chunk_of(backend: Any, layer: Any) -> Optional[int]:
+    """The chunk of a chunked layer (``use_irope``, no window) of a backend built for a chunked
+    model; None for every other layer."""
+    chunk = vars(backend).get(CHUNK)
+    if chunk and getattr(layer, "use_irope", False) and getattr(layer, "sliding_window_size", None) in (None, -1):
+        return chunk
+    return None

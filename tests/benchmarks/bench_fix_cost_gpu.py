@@ -425,6 +425,11 @@ def triton_construction(ct):
 
 @row("triton_swa_draft", "draft decode (multi-step, 3 steps, sliding layer)", "triton_swa_draft_decode")
 def _triton_draft_decode(bs):
+    """Each draft step's forward_decode on a sliding layer. Fix-off: sglang's own refresh (the
+    step rails) leaves the window rails alone, so they hold what the fix's last refresh wrote
+    for this batch; both releases' CUDA-graph APIs (capture/replay, out_graph 0.5.13+)."""
+    from graph_steps import graph_api, in_graph
+
     t = torch()
     fix = hook("triton_swa_draft").FIX
     steps = 4  # TritonMultiStepDraftBackend runs steps - 1 backends
@@ -438,15 +443,26 @@ def _triton_draft_decode(bs):
                                       attn_backend=multi, out_cache_loc=t.zeros(bs, dtype=t.int64))
         to_device(batch)
         batch.positions = batch.seq_lens.clone()
-        multi.init_forward_metadata_capture_cuda_graph(batch)
+        out_graph = graph_api(multi) == "out_graph"
+        if out_graph:
+            multi.init_forward_metadata_out_graph(batch, in_capture=True)
+        else:
+            multi.init_forward_metadata_capture_cuda_graph(batch)
         lay = layer(0, WINDOW)
         q = t.randn(bs, HEADS * HEAD_DIM, device=DEVICE, dtype=t.bfloat16)
         k = t.randn(bs, KV_HEADS, HEAD_DIM, device=DEVICE, dtype=t.bfloat16)
-        graph = capture(lambda: [be.forward_decode(q, k, k, lay, batch, save_kv_cache=False)
-                                 for be in multi.attn_backends])
+
+        def forward():
+            in_graph(multi, batch)
+            return [be.forward_decode(q, k, k, lay, batch, save_kv_cache=False) for be in multi.attn_backends]
+
+        graph = capture(forward)
 
         def refresh():
-            multi.init_forward_metadata_replay_cuda_graph(batch, bs)
+            if out_graph:
+                multi.init_forward_metadata_out_graph(batch, in_capture=False)
+            else:
+                multi.init_forward_metadata_replay_cuda_graph(batch, bs)
 
         refresh()
         t.cuda.synchronize()
@@ -455,32 +471,63 @@ def _triton_draft_decode(bs):
 
 @row("triton_swa_draft", "draft extend (DRAFT_EXTEND_V2, 4 tokens, sliding layer)", "triton_swa_draft_extend")
 def _triton_draft_extend(bs):
+    """A DRAFT_EXTEND_V2 forward_extend on a sliding layer. Fix-off: sglang's own refresh (the
+    full rail) leaves the window rail alone, so it holds what the fix's last refresh wrote for
+    this batch. The graph takes as many query tokens per request as the batch has (q, k and
+    extend lengths), else its kernel reads and writes past them and both sides' outputs are
+    noise. The note holds the graph's output against sglang's own eager draft extend (stock,
+    the prefix's window built by sglang itself): the reference is right, not only equal."""
     from types import SimpleNamespace
+
+    from graph_steps import in_graph, prepare_capture
 
     t = torch()
     fix = hook("triton_swa_draft").FIX
     n = 4
-    tb, pool, rtt, runner, ct = triton_parts(bs, n)
+    # query tokens per request of sglang's draft-extend graph: num_draft_tokens (0.5.13+),
+    # num_steps + 1 (before): both n with n - 1 steps
+    tb, pool, rtt, runner, ct = triton_parts(bs, n, steps=n - 1)
     lens = [p + n for p in LENGTHS[:bs]]  # draft extend: seq_lens count the extended tokens
-    with installed([fix]):
-        with triton_construction(ct) as tri:
-            backend = tri.TritonAttnBackend(runner)
+
+    def draft_batch(backend):
         batch = tb.make_forward_batch(runner, "draft_extend_v2", req_pool_indices=list(range(bs)), seq_lens=lens,
                                       out_cache_loc=t.zeros(bs * n, dtype=t.int64), extend_seq_lens=[n] * bs,
                                       num_tokens_per_req=n, attn_backend=backend)
         to_device(batch)
-        batch.spec_info = SimpleNamespace(extend_seq_lens_tensor=batch.extend_seq_lens.to(DEVICE), custom_mask=None)
-        from graph_steps import prepare_capture
+        for name in ("extend_seq_lens", "extend_prefix_lens", "extend_start_loc"):
+            if getattr(batch, name, None) is not None:
+                setattr(batch, name, getattr(batch, name).to(DEVICE))
+        batch.spec_info = SimpleNamespace(extend_seq_lens_tensor=batch.extend_seq_lens, custom_mask=None)
+        return batch
 
+    lay = layer(0, WINDOW)
+    q = t.randn(bs * n, HEADS * HEAD_DIM, device=DEVICE, dtype=t.bfloat16)
+    k = t.randn(bs * n, KV_HEADS, HEAD_DIM, device=DEVICE, dtype=t.bfloat16)
+    with installed([fix]):
+        with triton_construction(ct) as tri:
+            backend = tri.TritonAttnBackend(runner)
+        batch = draft_batch(backend)
         prepare_capture(backend, batch, n)
-        lay = layer(0, WINDOW)
-        q = t.randn(bs * n, HEADS * HEAD_DIM, device=DEVICE, dtype=t.bfloat16)
-        k = t.randn(bs * n, KV_HEADS, HEAD_DIM, device=DEVICE, dtype=t.bfloat16)
-        graph = capture(lambda: backend.forward_extend(q, k, k, lay, batch, save_kv_cache=False))
+
+        def forward():
+            in_graph(backend, batch)
+            return backend.forward_extend(q, k, k, lay, batch, save_kv_cache=False)
+
+        graph = capture(forward)
         refresh = replay_refresh(backend, batch, lens)
         refresh()
+        graph.replay()
         t.cuda.synchronize()
-    return Pair(Side(graph, refresh), Side(graph, refresh, [fix]), "fix-off", same_output=True)
+        replayed = [o.clone().float() for o in graph.outputs]
+    with triton_construction(ct) as tri:  # stock sglang's eager draft extend of the same batch
+        eager_backend = tri.TritonAttnBackend(runner)
+    eager_batch = draft_batch(eager_backend)
+    eager_backend.init_forward_metadata(eager_batch)
+    eager = eager_backend.forward_extend(q, k, k, lay, eager_batch, save_kv_cache=False).float()
+    t.cuda.synchronize()
+    check = float((replayed[0] - eager).abs().max())
+    return Pair(Side(graph, refresh), Side(graph, refresh, [fix]), "fix-off", same_output=True,
+                note=f"graph vs stock eager draft extend, max diff {check:.3g}")
 
 
 @row("swa_write_loc", "draft decode (multi-step, 3 steps writing a sliding layer's KV), triton 0.5.13+",

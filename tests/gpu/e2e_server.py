@@ -818,6 +818,32 @@ def scenario_llama4_exact(out, _target, _draft):
     return {"seeds": seeds, **against_reference("llama4_exact", out, reqs, lt.hf_model, rows)}
 
 
+def scenario_llama4_trtllm(out, _target, _draft):
+    """Issue #28: Llama 4 on trtllm_mha (Hopper: its XQA decode with fa3's prefill) against the
+    model's own float32 output, as scenario_llama4_exact (the chunk-32 target, PROMPT_SEEDS, 32
+    prompts of 130 tokens, 64 new, 32 at once). ``trtllm_local_attn`` runs a chunked layer's
+    decode-kernel rows from their chunk's first page, so it covers pages that tile the chunk:
+    ``p32``/``p16`` rows (``--page-size``; one and two pages per chunk) against stock; the default
+    page (64 here) does not tile the target's chunk (one warning; real Llama 4: 8192, tiled by
+    any page). ``k1``: EAGLE3 topk 1 (3 steps, 4 draft tokens), the verify on fa3 (sglang's default
+    ``--speculative-attention-mode prefill``) or on trtllm_mha's XQA (``dm``: mode decode)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import llama4_target as lt
+
+    seeds = prompt_seeds()
+    target, draft = lt.save(tempfile.mkdtemp(prefix="swa_llama4_trtllm_"))
+    reqs = [p for s in seeds for p in lt.prompts(32, 130, s)]
+    base = exact_base(target) + BACKEND_ARGS["trtllm_mha"]
+    p32, p16, k1, dm = ["--page-size", "32"], ["--page-size", "16"], eagle3_real(draft, 1, 3, 4), [
+        "--speculative-attention-mode", "decode"]
+    rows = {"plain_on": (base, ON), "plain_p32_on": (base + p32, ON), "plain_p32_off": (base + p32, OFF),
+            "plain_p16_on": (base + p16, ON), "plain_p32_eager_on": (eager(base + p32), ON),
+            "k1_p32_on": (base + p32 + k1, ON), "k1_p32_off": (base + p32 + k1, OFF),
+            "k1_p32_dm_on": (base + p32 + k1 + dm, ON), "k1_p32_dm_off": (base + p32 + k1 + dm, OFF),
+            "k1_p32_dm_eager_on": (eager(base + p32 + k1 + dm), ON)}
+    return {"seeds": seeds, **against_reference("llama4_trtllm", out, reqs, lt.hf_model, rows)}
+
+
 BACKEND_ARGS = {"fa3": ["--attention-backend", "fa3"], "flashinfer": ["--attention-backend", "flashinfer"],
                 "triton": ["--attention-backend", "triton"],
                 "triton_nohy": ["--attention-backend", "triton", "--disable-hybrid-swa-memory"],
@@ -1490,6 +1516,9 @@ def scenario_triton_mtp(out, _target, _draft):
     return {**res, **judged(runs, "ref"), **controls}
 
 
+PROBE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "item5_probe")
+
+
 def scenario_one_pool_mle(out, _target, _draft):
     """Issue #28 item 4 (one_pool_draft_extend, triton_one_pool_window): the tiny MiMo-V2 target
     of triton_mtp with multi-layer EAGLE (3 MTP steps, topk 1, dummy draft weights) with one
@@ -1520,6 +1549,10 @@ def scenario_one_pool_mle(out, _target, _draft):
             rows.update({f"{p}ref": (base, ON), f"{p}ref_off": (base, OFF), f"{p}mle_on": (base + mle, ON),
                          f"{p}mle_off": (base + mle, OFF)})
             against.update({f"{p}ref_off": f"{p}ref", f"{p}mle_on": f"{p}ref", f"{p}mle_off": f"{p}ref"})
+            for probe in filter(None, os.environ.get("ONE_POOL_PROBES", "").split(",")):  # item 5: tests/gpu/item5_probe
+                spec = mle if probe != "steps1" else mle[:-4] + ["--speculative-num-steps", "1", "--speculative-num-draft-tokens", "2"]
+                rows[f"{p}mle_on_{probe}"] = (base + spec, {**ON, "ITEM5_PROBE": probe, "PYTHONPATH_PREPEND": PROBE_DIR})
+                against[f"{p}mle_on_{probe}"] = f"{p}ref"
             if p:
                 against[f"{p}ref"] = "ref"  # another backend's (or pool's) decode against fa3's one-pool decode
     only = os.environ.get("ROWS")
@@ -1577,7 +1610,9 @@ def scenario_throughput(out, _target, _draft):
     ignore_eos). Tokens/s per round (completion tokens / wall time); the ratio plugin/stock
     of the per-row medians. TP_ROWS (comma list) selects rows. TP_WITHOUT (comma list of fix
     names): per row, one more plugin server per fix with that fix off ("without_<fix>"), in the
-    same alternation, to attribute a ratio below 1. Accept length per side where speculative."""
+    same alternation, to attribute a ratio below 1. TP_CONTROL=1: a second stock server
+    ("stock_again"), whose ratio to stock is the measurement's own spread. Accept length per
+    side where speculative."""
     import statistics
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -1596,6 +1631,8 @@ def scenario_throughput(out, _target, _draft):
     chosen = [r for r in os.environ.get("TP_ROWS", ",".join(rows)).split(",") if r in rows]
     without = [f for f in os.environ.get("TP_WITHOUT", "").split(",") if f]
     sides = {"plugin": ON, "stock": OFF, **{f"without_{f}": {**ON, "SGLANG_SWA_PLUGIN_FIXES": f"all,-{f}"} for f in without}}
+    if os.environ.get("TP_CONTROL"):  # A/A: a second stock server in the same alternation (the ratio's spread)
+        sides["stock_again"] = OFF
     servers = {(row, side): Server(f"throughput_{row}_{side}", out, rows[row], env)
                for row in chosen for side, env in sides.items()}  # all start side by side
 
@@ -1635,6 +1672,7 @@ def scenario_throughput(out, _target, _draft):
             for side in live[2:]:
                 if r[f"{side}_median_tok_per_s"] and r["stock_median_tok_per_s"]:
                     r[f"ratio_{side}_over_stock"] = round(r[f"{side}_median_tok_per_s"] / r["stock_median_tok_per_s"], 4)
+                    r[f"round_ratios_{side}"] = [round(x / y, 4) for x, y in zip(r[side], r["stock"]) if y]
             if r["plugin_median_tok_per_s"] and r["stock_median_tok_per_s"]:
                 r["ratio_plugin_over_stock"] = round(r["plugin_median_tok_per_s"] / r["stock_median_tok_per_s"], 4)
                 # each plugin round over the stock round right after it: the spread of the ratio
@@ -1655,7 +1693,7 @@ def scenario_throughput(out, _target, _draft):
         else:
             print(f"{row:<18} {r['plugin_median_tok_per_s'] or '-':>13} {r['stock_median_tok_per_s'] or '-':>12} "
                   f"{r.get('ratio_plugin_over_stock', '-'):>7} {r.get('median_round_ratio', '-'):>19}")
-    print("THROUGHPUT=" + json.dumps({k: {x: y for x, y in v.items() if x.startswith("ratio") or x in (
+    print("THROUGHPUT=" + json.dumps({k: {x: y for x, y in v.items() if x.startswith(("ratio", "round_ratios")) or x in (
         "plugin", "stock", "round_ratios", "median_round_ratio", "error", "accept_length", "identical_requests_plugin_vs_stock")}
                                       for k, v in res["rows"].items()}), flush=True)
     return res
@@ -1668,7 +1706,8 @@ SCENARIOS = {"trtllm_eagle_accept": scenario_trtllm_eagle_accept, "xqa_verify": 
              "llama4_tree": scenario_llama4_tree, "llama4_tree_wide": scenario_llama4_tree_wide,
              "triton_mtp": scenario_triton_mtp, "llama4_exact": scenario_llama4_exact,
              "gptoss_exact": scenario_gptoss_exact, "gemma4_exact": scenario_gemma4_exact,
-             "throughput": scenario_throughput, "one_pool_mle": scenario_one_pool_mle}
+             "throughput": scenario_throughput, "one_pool_mle": scenario_one_pool_mle,
+             "llama4_trtllm": scenario_llama4_trtllm}
 
 
 def _summary(res: dict) -> dict:

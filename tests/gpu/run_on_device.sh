@@ -118,7 +118,7 @@ for step in "$@"; do
         ${ROWS:+--rows $ROWS} --budget ${BUDGET:-440} 2>&1 | tee "$OUT/bench_fix_cost.log" | tail -45 ;;
     throughput)  # issue #31 item 2: 6 warm servers side by side (plugin / stock x fa3, fa3 EAGLE3 topk 1, trtllm_mha),
                  # 64 concurrent greedy requests, TP_ROUNDS alternating rounds each; $OUT/throughput.json
-      MEM_FRACTION=${MEM_FRACTION:-0.85} START_TIMEOUT=${START_TIMEOUT:-300} PYTHONPATH=/root/site timeout ${STEP_TIMEOUT:-470} \
+      MEM_FRACTION=${MEM_FRACTION:-0.85} START_TIMEOUT=${START_TIMEOUT:-300} PYTHONPATH=${SITE:-/root/site} timeout ${STEP_TIMEOUT:-470} \
         python3 tests/gpu/e2e_server.py throughput --out "$OUT" 2>&1 | grep -E "^(row|fa3|trtllm)|THROUGHPUT|Error" | cut -c1-3000 ;;
     selftest)  # issue #27 item 7: the user's command on this GPU (SELFTEST_ARGS; SITE: another unpacked release); $OUT/selftest.json, the
                # progress and target checks in $OUT/selftest.txt, the servers' logs in $OUT/selftest_logs

@@ -21,10 +21,8 @@ Delete when
 
 from __future__ import annotations
 
-import ast
-
 from sglang_swa_plugin import triton_rail
-from sglang_swa_plugin.chunked import CHUNK, chunk_of as _chunked, remember_chunk_hook
+from sglang_swa_plugin.chunked import CHUNK, chunk_of as _chunked, reads_use_irope, remember_chunk_hook
 from sglang_swa_plugin.fix import Detection, Fix, around, hookimpl
 from sglang_swa_plugin.probe import function_tree, is_attribute, module_tree, nodes, optional_module, own_function
 from sglang_swa_plugin.triton_rail import slots as _slots, tree_verify as _tree_verify
@@ -167,10 +165,6 @@ def _plain_extend(forward_batch) -> bool:
             and getattr(forward_batch, "extend_seq_lens_cpu", None) is not None)
 
 
-def _reads_use_irope(tree) -> bool:
-    return any(isinstance(n, ast.Attribute) and n.attr == "use_irope" for n in ast.walk(tree))
-
-
 def _picks_by_window(cls, name: str) -> bool:
     fn = own_function(cls, name)
     return fn is not None and any(is_attribute(n, "sliding_window_size", "layer") for n in nodes(function_tree(fn)[0]))
@@ -182,7 +176,7 @@ def classify() -> Detection:
     if tree is None or cls is None:
         return Detection.not_applicable("this sglang has no triton attention backend")
     plan = (around(INIT, _remember_chunk), around(DECODE, _chunked_decode), around(EXTEND, _chunked_extend))
-    if _reads_use_irope(tree):
+    if reads_use_irope(tree):
         return Detection.not_needed("triton's backend reads use_irope (chunked layers)", *plan)
     if not all(_picks_by_window(cls, m) for m in ("forward_decode", "forward_extend")):
         return Detection.unknown("triton's forward_decode/forward_extend no longer pick keys by layer.sliding_window_size")

@@ -25,7 +25,7 @@ import ast
 from typing import Any, Optional
 
 from sglang_swa_plugin import triton_rail
-from sglang_swa_plugin.chunked import chunk_of, remember_chunk_hook
+from sglang_swa_plugin.chunked import chunk_of, reads_use_irope, remember_chunk_hook
 from sglang_swa_plugin.fa3_local import local_batches
 from sglang_swa_plugin.fix import Detection, Fix, argument, around, hookimpl
 from sglang_swa_plugin.probe import module_tree, optional_module, own_function, swapped
@@ -158,22 +158,20 @@ def _by_chunk(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     state.prefill = PREFILL in FIX.previews_on
     state.batch = argument(original, "forward_batch", args, kwargs)
     mod, view = flashinfer_view(self, VIEW, lambda fi: _chunk_flashinfer(fi, state))
-    with swapped(mod, "flashinfer", view):
-        out = original(self, *args, **kwargs)
-    if not state.used:
-        mode = state.batch.forward_mode
-        decode_kernel = mode.is_decode() or mode.is_target_verify()
-        _uncovered(f"{mode.name} on a kernel form this fix does not rewrite" if state.prefill or decode_kernel
-                   else f"the prefill ({mode.name}; a preview, not run on a GPU: SGLANG_SWA_PLUGIN_PREVIEW={PREFILL})")
-    state.batch = None
-    return out
+    try:
+        with swapped(mod, "flashinfer", view):
+            out = original(self, *args, **kwargs)
+        if not state.used:
+            mode = state.batch.forward_mode
+            decode_kernel = mode.is_decode() or mode.is_target_verify()
+            _uncovered(f"{mode.name} on a kernel form this fix does not rewrite" if state.prefill or decode_kernel
+                       else f"the prefill ({mode.name}; a preview, not run on a GPU: SGLANG_SWA_PLUGIN_PREVIEW={PREFILL})")
+        return out
+    finally:
+        state.batch = None
 
 
 # ---------------------------------------------------------------------------- detection
-
-
-def _reads_use_irope(tree: Any) -> bool:
-    return any(isinstance(n, ast.Attribute) and n.attr == "use_irope" for n in ast.walk(tree))
 
 
 def _windows_by_layer(fn: Any) -> bool:
@@ -192,7 +190,7 @@ def classify() -> Detection:
     if tree is None or cls is None:
         return Detection.not_applicable("this sglang has no trtllm_mha backend")
     plan = (around(INIT, _remember_chunk), around(FORWARD_DECODE, _by_chunk), around(FORWARD_EXTEND, _by_chunk))
-    if _reads_use_irope(tree):
+    if reads_use_irope(tree):
         return Detection.not_needed("trtllm_mha's backend reads use_irope (chunked layers)", *plan)
     fns = [own_function(cls, m) for m in ("forward_decode", "forward_extend")]
     if not all(fn is not None and _windows_by_layer(fn) for fn in fns):

@@ -1,9 +1,10 @@
 """Llama 4's chunked ("local") layers as the triton and trtllm_mha fixes see them
 (``triton_local_attn``, ``trtllm_local_attn``): the runner's chunk size kept on the backend
-when it is built, and which layers attend by chunk. Runtime only."""
+when it is built, which layers attend by chunk, and whether a backend module knows them."""
 
 from __future__ import annotations
 
+import ast
 from typing import Any, Optional
 
 CHUNK = "_sglang_swa_plugin_attention_chunk"  # on the backend: the runner's attention_chunk_size
@@ -28,3 +29,8 @@ def chunk_of(backend: Any, layer: Any) -> Optional[int]:
     if chunk and getattr(layer, "use_irope", False) and getattr(layer, "sliding_window_size", None) in (None, -1):
         return chunk
     return None
+
+
+def reads_use_irope(tree: Any) -> bool:
+    """A backend module's syntax tree reads ``use_irope``: it knows chunked layers (detection)."""
+    return any(isinstance(n, ast.Attribute) and n.attr == "use_irope" for n in ast.walk(tree))

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from sglang_swa_plugin import triton_rail
+from sglang_swa_plugin.chunked import reads_use_irope
 from sglang_swa_plugin.fix import Verdict
 from sglang_swa_plugin.hooks import triton_local_attn as tla
 
@@ -34,7 +35,7 @@ def test_detection_reads_the_installed_backend():
     tree = module_tree(tla.MODULE)
     if tree is None:
         pytest.skip("no triton backend")
-    assert (FIX.detect().verdict is Verdict.NEEDED) is not tla._reads_use_irope(tree)
+    assert (FIX.detect().verdict is Verdict.NEEDED) is not reads_use_irope(tree)
 
 
 def test_stock_chunked_layer_attends_past_its_chunk_through_full_pool_ids():

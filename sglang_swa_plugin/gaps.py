@@ -43,9 +43,10 @@ GAPS: Tuple[Gap, ...] = (
         "topk 1"),
     Gap("MiMo-V2", "triton, multi-layer EAGLE, CUDA graphs off, sglang 0.5.11",
         "illegal memory access, one KV pool too: the eager draft extend's index buffers start with "
-        "stray data (kv_indptr[0] holds a float's bits), written by an earlier kernel not yet "
-        "found; with their first entries zeroed it serves wrong tokens, as with one MTP step "
-        "(28-29 of 64 equal to the model's decode; absent on 0.5.17)", "CUDA graphs on"),
+        "stray data (kv_indptr[0] holds two bf16 activations), by the source most likely the MTP "
+        "hidden-state pool's copy for the last request slot, one row past the pool (not yet "
+        "confirmed on a GPU); with those entries zeroed it serves wrong tokens, as with one MTP "
+        "step (28-29 of 64 equal to the model's decode; absent on 0.5.17)", "CUDA graphs on"),
     Gap("MiMo-V2", "trtllm_mha without speculation; flashinfer, sglang 0.5.11",
         "the server does not start: sglang views the value cache with the key head size (trtllm_mha; "
         "0.5.17 stock too), or passes attention sinks its flashinfer backend does not take", "fa3, or triton"),

@@ -63,10 +63,12 @@ def kernel_recorders(calls: List[KernelCall], layer_ids: List[int]) -> SimpleNam
 
     def fmha_v2(qkv, input_layout, workspace_buffer, seq_lens, max_q_len, max_kv_len, bmm1_scale, bmm2_scale,
                 batch_size, cum_seq_lens_q, cum_seq_lens_kv, block_tables, *a, out=None, out_dtype=None, **kw):
-        # Hopper/sm120 prefill (0.5.19+): block_tables [batch, 2, pages], K's pages then V's
+        # Hopper/sm120 prefill (0.5.19+): block_tables [batch, pages] over K/V pages stacked, or
+        # [batch, 2, pages], K's pages then V's (0.5.23)
         query = qkv[0]
+        pages = block_tables[:, 0] if block_tables.dim() == 3 else block_tables
         calls.append(KernelCall("context", layer_ids[-1], query.shape[0], query.dtype, None, batch_size,
-                                seq_lens.tolist(), cum_seq_lens_q.tolist(), block_tables[:, 0].clone(),
+                                seq_lens.tolist(), cum_seq_lens_q.tolist(), pages.clone(),
                                 window_left=kw.get("window_left")))
         return output(query, out, out_dtype)
 

@@ -20,16 +20,14 @@ Delete when
 
 from __future__ import annotations
 
-import logging
 import re
 
 from sglang_swa_plugin import graphed
 from sglang_swa_plugin.fa3_local import FA3_CLASS as CLASS, FA3_MODULE as MODULE, GRAPH_CAPTURE, GRAPH_PARAMS
 from sglang_swa_plugin.fa3_local import GRAPH_REPLAY, GRAPH_STATE, OUT_GRAPH, graph_api, local_metadata_class
 from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl
+from sglang_swa_plugin.log import warn_once
 from sglang_swa_plugin.probe import function_text, optional_module, own_function, target_class
-
-logger = logging.getLogger("sglang.srt.plugins.swa_plugin")
 
 NAME = "fa3_local_attn_tree_verify"
 EAGER = CLASS + ".init_forward_metadata"
@@ -37,7 +35,6 @@ FORWARD = CLASS + ".forward_extend"
 SHARED_EXPAND = "forward_metadata_spec_decode_expand"
 EXPAND = "_swa_plugin_chunked_tree_part"  # on a step's FlashAttentionMetadata: the chunked layers' part 2
 BUFFERS = "_swa_plugin_tree_verify_buffers"  # on the backend: the verify graphs' static buffers
-_warned: set = set()
 
 
 # ---------------------------------------------------------------------------- the fix
@@ -52,11 +49,8 @@ def _tree_verify(self, mode) -> bool:
     if not (_tree(self) and mode is not None and mode.is_target_verify()):
         return False
     if self.page_size != 1:
-        if "page" not in _warned:
-            _warned.add("page")
-            logger.warning("sglang-swa-plugin: %s: page size %d: the chunked (local) layers of this model attend "
-                           "over the whole context in topk > 1 target verify; not corrected (page size 1 only)",
-                           NAME, self.page_size)
+        warn_once(NAME, f"page size {self.page_size}", "the chunked (local) layers of this model attend over the "
+                                                       "whole context in topk > 1 target verify (page size 1 only)")
         return False
     return True
 

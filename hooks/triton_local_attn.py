@@ -24,6 +24,7 @@ from __future__ import annotations
 from sglang_swa_plugin import triton_rail
 from sglang_swa_plugin.chunked import CHUNK, chunk_of as _chunked, reads_use_irope, remember_chunk_hook
 from sglang_swa_plugin.fix import Detection, Fix, around, hookimpl
+from sglang_swa_plugin.log import warn_once
 from sglang_swa_plugin.probe import function_tree, is_attribute, module_tree, nodes, optional_module, own_function
 from sglang_swa_plugin.triton_rail import slots as _slots, tree_verify as _tree_verify
 
@@ -37,7 +38,7 @@ RAIL = "_sglang_swa_plugin_chunk_rail"  # on the backend: (metadata, seq_lens, (
 
 def _uncovered(path: str) -> None:
     """One warning per process and path: a chunked layer that this fix leaves as sglang runs it."""
-    triton_rail.warn_once(NAME, path, "the chunked (local) layers of this model attend over the whole context "
+    warn_once(NAME, path, "the chunked (local) layers of this model attend over the whole context "
                                       "(tokens differ from the model past the first chunk)")
 
 

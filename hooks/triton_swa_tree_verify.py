@@ -25,6 +25,7 @@ import ast
 
 from sglang_swa_plugin import triton_rail
 from sglang_swa_plugin.fix import Detection, Fix, around, hookimpl
+from sglang_swa_plugin.log import warn_once
 from sglang_swa_plugin.probe import module_tree
 
 NAME = "triton_swa_tree_verify"
@@ -52,7 +53,7 @@ def _tree_window(original, self, q, k, v, layer, forward_batch, *args, **kwargs)
         return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
     path = triton_rail.unsupported(self)
     if path is not None:
-        triton_rail.warn_once(NAME, path, "an EAGLE tree's drafts past their depth lose the oldest keys of their "
+        warn_once(NAME, path, "an EAGLE tree's drafts past their depth lose the oldest keys of their "
                                           "window (tokens can differ from the model)")
         return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
     swa = triton_rail.in_swa_part(triton_rail.pool(self, forward_batch), layer)

@@ -24,14 +24,14 @@ from __future__ import annotations
 import ast
 from typing import Any, Optional
 
-from sglang_swa_plugin import triton_rail
 from sglang_swa_plugin.chunked import chunk_of, reads_use_irope, remember_chunk_hook
 from sglang_swa_plugin.fa3_local import local_batches
 from sglang_swa_plugin.fix import Detection, Fix, argument, around, hookimpl
+from sglang_swa_plugin.log import warn_once
 from sglang_swa_plugin.probe import module_tree, optional_module, own_function, swapped
 from sglang_swa_plugin.trtllm_mha import (CLASS, FORWARD_DECODE, FORWARD_DECODE_PARAMS, FORWARD_EXTEND,
                                           FORWARD_EXTEND_PARAMS, MODULE, ModuleView, PerPass, capturing, exact_query,
-                                          flashinfer_view, one_token_rows, syntax)
+                                          flashinfer_view, one_token_lens, syntax)
 
 NAME = "trtllm_local_attn"
 PREFILL = "trtllm_local_attn_prefill"  # the preview: the context kernels' virtual requests
@@ -41,7 +41,7 @@ STATE, VIEW = "_sglang_swa_plugin_chunk_state", "_sglang_swa_plugin_chunk_flashi
 
 
 def _uncovered(path: str) -> None:
-    triton_rail.warn_once(NAME, path, "the chunked (local) layers of this model attend over the whole context "
+    warn_once(NAME, path, "the chunked (local) layers of this model attend over the whole context "
                                       "(tokens differ from the model past the first chunk)")
 
 
@@ -51,11 +51,12 @@ def chunk_rows(seq_lens: Any, block_tables: Any, q_len: int, chunk: int, page: i
     ``L`` (``start = (L - 1) // chunk * chunk``, a whole number of pages). Device ops of a fixed size."""
     import torch
 
-    lens, table = one_token_rows(seq_lens, block_tables, q_len) if q_len > 1 else (seq_lens, block_tables)
+    dev, pages = block_tables.device, block_tables.shape[1]
+    rows = torch.arange(block_tables.shape[0], device=dev)  # each row's request
+    lens, rows = (one_token_lens(seq_lens, q_len), rows.repeat_interleave(q_len)) if q_len > 1 else (seq_lens, rows)
     start = torch.div((lens - 1).clamp(min=0), chunk, rounding_mode="floor") * chunk
-    cols = torch.arange(table.shape[1], device=table.device)
-    idx = (cols[None, :] + torch.div(start, page, rounding_mode="floor")[:, None]).clamp(max=table.shape[1] - 1)
-    return (lens - start).to(seq_lens.dtype), torch.gather(table, 1, idx.long())
+    cols = torch.arange(pages, device=dev)[None, :] + torch.div(start, page, rounding_mode="floor")[:, None].long()
+    return (lens - start).to(seq_lens.dtype), block_tables[rows[:, None], cols.clamp_(max=pages - 1)]
 
 
 def context_split(forward_batch: Any, block_tables: Any, chunk: int, page: int) -> Optional[dict]:
@@ -76,11 +77,11 @@ def context_split(forward_batch: Any, block_tables: Any, chunk: int, page: int) 
     parts = [local_batches(chunk, cu_q, lens, t, page) for t in tables]
     q, cu_q_local, k, _ = parts[0]
     blocks = parts[0][3] if block_tables.dim() == 2 else torch.stack([p[3] for p in parts], dim=1)
-    dev = block_tables.device
-    seq_lens = torch.from_numpy(np.ascontiguousarray(k, dtype=np.int32)).to(dev)
-    return {"block_tables": blocks.to(block_tables.dtype), "seq_lens": seq_lens,
-            "cum_seq_lens_q": torch.from_numpy(np.ascontiguousarray(cu_q_local, dtype=np.int32)).to(dev),
-            "cum_seq_lens_kv": triton_rail.offsets(seq_lens), "batch_size": int(len(k)), "max_q_len": int(q.max()),
+    k = np.asarray(k, dtype=np.int32)
+    host = {"seq_lens": k, "cum_seq_lens_q": np.asarray(cu_q_local, dtype=np.int32),
+            "cum_seq_lens_kv": np.concatenate([[0], np.cumsum(k)]).astype(np.int32)}
+    return {**{n: torch.from_numpy(np.ascontiguousarray(a)).to(block_tables.device) for n, a in host.items()},
+            "block_tables": blocks.to(block_tables.dtype), "batch_size": int(len(k)), "max_q_len": int(q.max()),
             "rows": int(cu_q[-1])}
 
 

@@ -39,6 +39,17 @@ def emit(level: int, msg: str, *args: Any) -> None:
     _pending.append((level, msg, args))
 
 
+WARNED: set = set()  # (fix, path) pairs already named in the log
+
+
+def warn_once(fix: str, path: str, consequence: str) -> None:
+    """One warning per process, fix and path: a path ``fix`` leaves as sglang runs it, and what
+    that means for the tokens."""
+    if (fix, path) not in WARNED:
+        WARNED.add((fix, path))
+        logger.warning("sglang-swa-plugin: %s: %s: %s; not corrected", fix, path, consequence)
+
+
 def flush() -> None:
     """Emit the lines held back (in order)."""
     held = list(_pending)

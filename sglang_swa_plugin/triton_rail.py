@@ -10,13 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import os
 
 from .probe import optional_module
-
-logger = logging.getLogger("sglang.srt.plugins.swa_plugin")
-WARNED: set = set()  # (fix, path) pairs already named in the log
 
 GATHER = "create_flashinfer_kv_indices_triton"  # sglang's req_to_token gather, where each release keeps it
 GATHER_MODULES = ("sglang.srt.layers.attention.triton_backend", "sglang.kernels.ops.attention.kv_indices",
@@ -32,14 +28,6 @@ def unsupported(self) -> "str | None":
     return next((p for p, on in (("decode context parallelism", getattr(self, "dcp_size", 1) > 1),
                                  ("deterministic inference", getattr(self, "enable_deterministic", False)),
                                  ("a translating KV index space (unified pool)", translating)) if on), None)
-
-
-def warn_once(fix: str, path: str, consequence: str) -> None:
-    """One warning per process, fix and path: a path ``fix`` leaves as sglang runs it (e.g. a form
-    :func:`unsupported` names), and what that means for the tokens."""
-    if (fix, path) not in WARNED:
-        WARNED.add((fix, path))
-        logger.warning("sglang-swa-plugin: %s: %s: %s; not corrected", fix, path, consequence)
 
 
 def offsets(lens, dtype=None):

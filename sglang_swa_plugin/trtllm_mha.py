@@ -166,15 +166,18 @@ class PerPass:
         return kept.value
 
 
-def one_token_rows(seq_lens: Any, block_tables: Any, q_len: int) -> Tuple[Any, Any]:
+def one_token_lens(seq_lens: Any, q_len: int) -> Any:
     """Row r of a request with ``seq_lens`` S (after its ``q_len`` query tokens' K/V) as a request
-    of its own: ``S - q_len + 1 + r`` keys (at least 1: padded graph rows), the request's
-    page-table row. Device ops of a fixed size."""
+    of its own: ``S - q_len + 1 + r`` keys (at least 1: padded graph rows). Device ops of a fixed size."""
     import torch
 
     offsets = torch.arange(1 - q_len, 1, device=seq_lens.device, dtype=seq_lens.dtype)
-    lens = (seq_lens[:, None] + offsets[None, :]).reshape(-1).clamp_(min=1)
-    return lens, block_tables.repeat_interleave(q_len, dim=0)
+    return (seq_lens[:, None] + offsets[None, :]).reshape(-1).clamp_(min=1)
+
+
+def one_token_rows(seq_lens: Any, block_tables: Any, q_len: int) -> Tuple[Any, Any]:
+    """``one_token_lens`` and each row's page-table row (the request's)."""
+    return one_token_lens(seq_lens, q_len), block_tables.repeat_interleave(q_len, dim=0)
 
 
 def exact_query(query: Any, out_dtype: Any) -> Any:

@@ -53,23 +53,16 @@ def prepare_replay(backend, batch, q_len: int, rows: Sequence[int], seq_lens: Se
 
 @contextlib.contextmanager
 def cpu_trtllm_kernels(graph, calls):
-    """The trtllm_mha module's flashinfer (and, where the release has them, its Triton page-table
-    builder and in-graph metadata update) replaced by CPU recorders and stand-ins
-    (``sglang_swa_plugin.check.kernels``); kernel calls and the in-graph update are steps of
-    ``graph`` (a ``cpu_graph.CpuGraph``), replayed with it. CPU tests only."""
+    """The trtllm_mha module's flashinfer replaced by CPU recorders and its Triton/sgl_kernel helpers
+    (page tables, the in-graph metadata update of 0.5.15+) by their CPU stand-ins
+    (``sglang_swa_plugin.check.kernels``); all of them steps of ``graph`` (a ``cpu_graph.CpuGraph``),
+    replayed with it. CPU tests only."""
     from sglang_swa_plugin.check import kernels
     from sglang_swa_plugin.probe import optional_module, swapped
     from sglang_swa_plugin.trtllm_mha import MODULE
 
-    mod = optional_module(MODULE)
     rec = kernels.kernel_recorders(calls, [-1])
     rec.decode.trtllm_batch_decode_with_kv_cache = graph.kernel(rec.decode.trtllm_batch_decode_with_kv_cache)
     rec.prefill.trtllm_batch_context_with_kv_cache = graph.kernel(rec.prefill.trtllm_batch_context_with_kv_cache)
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(swapped(mod, "flashinfer", rec))
-        if hasattr(mod, "build_trtllm_mha_page_table"):
-            stack.enter_context(swapped(mod, "build_trtllm_mha_page_table", kernels.page_table_on_cpu))
-        if hasattr(mod, "update_trtllm_mha_graph_metadata"):  # 0.5.15+: a kernel inside the captured pass
-            stack.enter_context(swapped(mod, "update_trtllm_mha_graph_metadata",
-                                        graph.kernel(kernels.graph_metadata_on_cpu)))
+    with swapped(optional_module(MODULE), "flashinfer", rec), kernels.cpu_kernels(launch=graph.kernel):
         yield

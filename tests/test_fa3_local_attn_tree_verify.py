@@ -141,7 +141,9 @@ def test_page_size_above_one_is_named_once(caplog):
 
     be = sc.make_bench(1, topk=2).backend
     be.page_size = 16
-    tree._warned.discard("page")
+    from sglang_swa_plugin import log
+
+    log.WARNED.discard((tree.NAME, "page size 16"))
     with caplog.at_level(logging.WARNING):
         assert not tree._tree_verify(be, ForwardMode.TARGET_VERIFY)
         assert not tree._tree_verify(be, ForwardMode.TARGET_VERIFY)

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from sglang_swa_plugin import triton_rail
+from sglang_swa_plugin import log
 from sglang_swa_plugin.chunked import reads_use_irope
 from sglang_swa_plugin.fix import Verdict
 from sglang_swa_plugin.hooks import triton_local_attn as tla
@@ -88,7 +88,7 @@ def test_forms_the_fix_leaves_to_sglang_are_named_once(caplog):
 
     be = SimpleNamespace(forward_metadata=object(), dcp_size=2)
     vars(be)[tla.CHUNK] = 8
-    triton_rail.WARNED.discard((tla.NAME, "decode context parallelism"))
+    log.WARNED.discard((tla.NAME, "decode context parallelism"))
     with caplog.at_level(logging.WARNING):
         for _ in range(2):
             assert tla._chunk_of(be, SimpleNamespace(use_irope=True, sliding_window_size=-1)) is None
@@ -111,7 +111,7 @@ def test_a_tree_verify_reads_its_chunk_and_a_chain_past_the_chunk_is_named_once(
 
     skip_unless_needed(FIX)
     lens = sc.VERIFY_LENS
-    triton_rail.WARNED.clear()
+    log.WARNED.clear()
     seen = {}
     for topk, n in ((2, sc.DRAFTS), (1, sc.CHUNK + 1)):
         mask = torch.cat([torch.ones(n, m + n, dtype=torch.bool).tril(m).flatten() for m in lens])

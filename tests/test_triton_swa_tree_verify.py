@@ -82,9 +82,9 @@ def test_an_uncovered_backend_form_runs_as_sglang_runs_it_and_is_named_once(capl
     backend = SimpleNamespace(dcp_size=2, forward_metadata=object())
     fb = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, spec_info=SimpleNamespace(topk=2, draft_token_num=4))
     layer = SimpleNamespace(sliding_window_size=7, layer_id=0)
-    from sglang_swa_plugin import triton_rail
+    from sglang_swa_plugin import log
 
-    triton_rail.WARNED.discard((tv.NAME, "decode context parallelism"))
+    log.WARNED.discard((tv.NAME, "decode context parallelism"))
     with caplog.at_level(logging.WARNING):
         for _ in range(2):
             assert tv._tree_window(lambda *a, **k: "stock", backend, None, None, None, layer, fb) == "stock"

@@ -15,7 +15,7 @@ import torch
 
 import sglang.srt.model_executor.model_runner  # noqa: F401  (0.5.10: the start-up hook runs here)
 
-from sglang_swa_plugin import triton_rail
+from sglang_swa_plugin import log
 from sglang_swa_plugin.check import kernels
 from sglang_swa_plugin.check import trtllm_local_attn as sc
 from sglang_swa_plugin.fix import Verdict
@@ -144,7 +144,7 @@ def test_cuda_graph_replays_read_the_current_chunks(mode):
 def test_a_chunk_that_is_not_a_multiple_of_the_page_size_is_left_with_one_warning(caplog):
     """The hook on a real backend whose pages (3) do not tile the chunk (8): sglang's own method
     runs as it is, with sglang's flashinfer, and one warning names the path."""
-    triton_rail.WARNED.clear()
+    log.WARNED.clear()
     with stock(), fix_in_effect(FIX):
         env = sc.build(xqa=True)
     env.backend.page_size = 3
@@ -168,7 +168,7 @@ def test_a_chunk_that_is_not_a_multiple_of_the_page_size_is_left_with_one_warnin
 
 
 def test_with_the_prefill_preview_off_the_prefill_is_sglangs_own_with_one_warning(caplog):
-    triton_rail.WARNED.clear()
+    log.WARNED.clear()
     calls = []
     with stock(), fix_in_effect(FIX), prefill_preview(False):
         env = sc.build(xqa=False)

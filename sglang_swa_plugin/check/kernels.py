@@ -114,15 +114,16 @@ CPU_KERNELS = {"build_trtllm_mha_page_table": page_table_on_cpu,
 
 
 @contextlib.contextmanager
-def cpu_kernels(module: str = MODULE) -> Iterator[None]:
+def cpu_kernels(module: str = MODULE, launch: Any = None) -> Iterator[None]:
     """The Triton/sgl_kernel entry points ``module`` binds (default: the trtllm_mha backend's;
     the FA3 backend binds ``build_trtllm_mha_page_table`` too, 0.5.18+) replaced by their CPU
-    stand-ins for the block."""
+    stand-ins for the block; ``launch(stand_in)``, where given, is what is put in place (an
+    emulated graph's ``kernel``: a captured pass replays them)."""
     mod = sys.modules.get(module) or optional_module(module)
     with contextlib.ExitStack() as stack:
         for name, stand_in in CPU_KERNELS.items():
             if hasattr(mod, name):
-                stack.enter_context(swapped(mod, name, stand_in))
+                stack.enter_context(swapped(mod, name, launch(stand_in) if launch else stand_in))
         yield
 
 

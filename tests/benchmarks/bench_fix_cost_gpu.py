@@ -174,6 +174,19 @@ def replay_refresh(backend, batch, lens) -> Callable[[], None]:
     return refresh
 
 
+def multi_step_metadata(multi, batch, bs: int, in_capture: bool) -> None:
+    """A multi-step draft backend's CUDA-graph metadata for ``batch``, by either API sglang has had
+    (capture/replay; ``init_forward_metadata_out_graph`` 0.5.13+)."""
+    from graph_steps import graph_api
+
+    if graph_api(multi) == "out_graph":
+        multi.init_forward_metadata_out_graph(batch, in_capture=in_capture)
+    elif in_capture:
+        multi.init_forward_metadata_capture_cuda_graph(batch)
+    else:
+        multi.init_forward_metadata_replay_cuda_graph(batch, bs)
+
+
 def hybrid_pool(lengths, per_req: int, swa_ids, full_ids, diverge: int = 0, max_context: int = 1100):
     """Real SWAKVPool + allocator (page size 1) on the GPU and req_to_token rows 0.. holding
     ``lengths[i] + per_req`` tokens. ``diverge`` = 0: full and SWA ids coincide (the SWA
@@ -428,7 +441,7 @@ def _triton_draft_decode(bs):
     """Each draft step's forward_decode on a sliding layer. Fix-off: sglang's own refresh (the
     step rails) leaves the window rails alone, so they hold what the fix's last refresh wrote
     for this batch; both releases' CUDA-graph APIs (capture/replay, out_graph 0.5.13+)."""
-    from graph_steps import graph_api, in_graph
+    from graph_steps import in_graph
 
     t = torch()
     fix = hook("triton_swa_draft").FIX
@@ -443,11 +456,7 @@ def _triton_draft_decode(bs):
                                       attn_backend=multi, out_cache_loc=t.zeros(bs, dtype=t.int64))
         to_device(batch)
         batch.positions = batch.seq_lens.clone()
-        out_graph = graph_api(multi) == "out_graph"
-        if out_graph:
-            multi.init_forward_metadata_out_graph(batch, in_capture=True)
-        else:
-            multi.init_forward_metadata_capture_cuda_graph(batch)
+        multi_step_metadata(multi, batch, bs, in_capture=True)
         lay = layer(0, WINDOW)
         q = t.randn(bs, HEADS * HEAD_DIM, device=DEVICE, dtype=t.bfloat16)
         k = t.randn(bs, KV_HEADS, HEAD_DIM, device=DEVICE, dtype=t.bfloat16)
@@ -459,10 +468,7 @@ def _triton_draft_decode(bs):
         graph = capture(forward)
 
         def refresh():
-            if out_graph:
-                multi.init_forward_metadata_out_graph(batch, in_capture=False)
-            else:
-                multi.init_forward_metadata_replay_cuda_graph(batch, bs)
+            multi_step_metadata(multi, batch, bs, in_capture=False)
 
         refresh()
         t.cuda.synchronize()
@@ -537,7 +543,6 @@ def _swa_write_loc_triton(bs):
     sliding-window draft). Reference: every step's metadata handed its own SWA write locations
     before the capture (right by construction, upstream 0.5.23's form); fixed: the fix's gather
     captured with each step. Both with triton_swa_draft (the window rails)."""
-    from graph_steps import graph_api
     from sglang.srt.speculative.eagle_utils import per_step_draft_out_cache_loc
 
     t = torch()
@@ -562,10 +567,7 @@ def _swa_write_loc_triton(bs):
                                           attn_backend=multi, out_cache_loc=whole)
             to_device(batch)
             batch.positions = batch.seq_lens.clone()
-            if graph_api(multi) == "out_graph":
-                multi.init_forward_metadata_out_graph(batch, in_capture=True)
-            else:
-                multi.init_forward_metadata_capture_cuda_graph(batch)
+            multi_step_metadata(multi, batch, bs, in_capture=True)
             if own_locations:
                 for i, be in enumerate(multi.attn_backends):
                     be.forward_metadata.swa_out_cache_loc = pool.translate_loc_from_full_to_swa(per_step[i])
@@ -582,10 +584,7 @@ def _swa_write_loc_triton(bs):
 
             def refresh():
                 batch.out_cache_loc = whole
-                if graph_api(multi) == "out_graph":
-                    multi.init_forward_metadata_out_graph(batch, in_capture=False)
-                else:
-                    multi.init_forward_metadata_replay_cuda_graph(batch, bs)
+                multi_step_metadata(multi, batch, bs, in_capture=False)
 
             refresh()
             graph.replay()

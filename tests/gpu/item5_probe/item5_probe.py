@@ -38,24 +38,27 @@ def _fence(original, self, *args, **kwargs):
     return out
 
 
-def _sync(original, self, *args, **kwargs):
+def _wait(line: str) -> None:
+    """The host waits for the device; ``line`` is printed where the wait raises (a fault)."""
     import torch
 
+    try:
+        torch.cuda.current_stream().synchronize()
+    except Exception:
+        print(line, flush=True)
+        raise
+
+
+def _sync(original, self, *args, **kwargs):
     out = original(self, *args, **kwargs)
-    torch.cuda.current_stream().synchronize()
+    _wait("ITEM5_CHECKPOINT after a step: the device faulted")
     return out
 
 
 def _checkpoint(phase):
     def hook(original, self, *args, **kwargs):
-        import torch
-
         out = original(self, *args, **kwargs)
-        try:
-            torch.cuda.current_stream().synchronize()
-        except Exception:
-            print(f"ITEM5_CHECKPOINT after {phase}: the device faulted", flush=True)
-            raise
+        _wait(f"ITEM5_CHECKPOINT after {phase}: the device faulted")
         return out
 
     return hook
@@ -67,14 +70,8 @@ SEEN = {"lines": 0}
 
 def _lens(mend):
     def hook(original, self, forward_batch, *args, **kwargs):
-        import torch
-
         if forward_batch.forward_mode.is_draft_extend_v2():
-            try:
-                torch.cuda.current_stream().synchronize()
-            except Exception:
-                print("ITEM5_CHECKPOINT before the draft extend's metadata: the device faulted", flush=True)
-                raise
+            _wait("ITEM5_CHECKPOINT before the draft extend's metadata: the device faulted")
             dev_prefix = forward_batch.extend_prefix_lens.tolist()
             dev_seq = forward_batch.seq_lens.tolist()
             seq_cpu = forward_batch.seq_lens_cpu
@@ -113,11 +110,7 @@ class _SyncedKernel:
 
             sizes = [desc(a) for a in args]
             out = launch(*args, **kwargs)
-            try:
-                torch.cuda.current_stream().synchronize()
-            except Exception:
-                print(f"ITEM5_KERNEL {self.name} grid={grid} faulted; args {sizes}", flush=True)
-                raise
+            _wait(f"ITEM5_KERNEL {self.name} grid={grid} faulted; args {sizes}")
             return out
 
         return run

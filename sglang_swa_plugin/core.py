@@ -107,6 +107,7 @@ BUILTIN_MODULES = (
     "sglang_swa_plugin.hooks.triton_local_attn",
     "sglang_swa_plugin.hooks.triton_swa_tree_verify",
     "sglang_swa_plugin.hooks.trtllm_local_attn",
+    "sglang_swa_plugin.hooks.mle_hidden_pool",
 )
 
 

@@ -1551,7 +1551,10 @@ def scenario_one_pool_mle(out, _target, _draft):
             against.update({f"{p}ref_off": f"{p}ref", f"{p}mle_on": f"{p}ref", f"{p}mle_off": f"{p}ref"})
             for probe in filter(None, os.environ.get("ONE_POOL_PROBES", "").split(",")):  # item 5: tests/gpu/item5_probe
                 spec = mle if probe != "steps1" else mle[:-4] + ["--speculative-num-steps", "1", "--speculative-num-draft-tokens", "2"]
-                rows[f"{p}mle_on_{probe}"] = (base + spec, {**ON, "ITEM5_PROBE": probe, "PYTHONPATH_PREPEND": PROBE_DIR})
+                env = {**ON, "ITEM5_PROBE": probe.removesuffix("fix"), "PYTHONPATH_PREPEND": PROBE_DIR}
+                if probe == "a":  # probe a with 0.5.11's own pool; "afix": with mle_hidden_pool's
+                    env["SGLANG_SWA_PLUGIN_FIXES"] = "-mle_hidden_pool"
+                rows[f"{p}mle_on_{probe}"] = (base + spec, env)
                 against[f"{p}mle_on_{probe}"] = f"{p}ref"
             if p:
                 against[f"{p}ref"] = "ref"  # another backend's (or pool's) decode against fa3's one-pool decode
@@ -1566,6 +1569,37 @@ def scenario_one_pool_mle(out, _target, _draft):
         cmp = compare(r.get("outputs") or [], ref.get("outputs") or []) if both else None
         print(f"ONE_POOL_MLE {k}: {r.get('state')} | identical to {ref_key} {cmp and cmp['identical_requests']}/{len(reqs)} | "
               f"accept {r.get('accept_length')} | {r.get('error') or ''}"[:400], flush=True)
+    return res
+
+
+def scenario_tree_accept(out, _target, _draft):
+    """The listed gap "triton, topk > 1, CUDA graphs on, 0.5.11: 1.3-1.5 accepted" against its
+    reading in the source: sglang's topk > 1 runs the non-overlap (V1) EAGLE worker, which packs
+    each request's accepted tokens for the draft extend, while triton's draft-extend CUDA graph lays
+    out steps + 1 query tokens per request, so from the second request on a request's last token
+    attends another's block (not tied to sliding windows). The selftest's MiMo-V2 target with its
+    MTP draft on triton, plugin on, NEXTN 3 steps; rows: topk 2 with CUDA graphs at concurrency 1
+    (prediction: eager's acceptance) and 16 (the drop), topk 2 eager, topk 2 with that graph
+    refused (probe ``nodext``: ``EAGLEDraftExtendCudaGraphRunner.can_run`` False; prediction: eager's
+    acceptance), topk 1 on the V1 worker (``--disable-overlap-schedule``; prediction: the drop) and
+    on the default V2 worker. Every row's tokens against the concurrency-1 row."""
+    from sglang_swa_plugin.selftest.targets import mimo_v2
+
+    target, _ = mimo_v2.save(tempfile.mkdtemp(prefix="tree_accept_"))
+    reqs = [p for seed in prompt_seeds() for p in mimo_v2.prompts(32, 130, seed)]
+    base = exact_base(target) + ["--attention-backend", "triton", "--trust-remote-code"]
+    k2, k1 = eagle3_real(target, 2, 3, 4, "NEXTN"), eagle3_real(target, 1, 3, 4, "NEXTN")
+    probe = {**ON, "ITEM5_PROBE": "nodext", "PYTHONPATH_PREPEND": PROBE_DIR}
+    rows = {"k2_c1": (base + k2, ON, 1), "k2_c16": (base + k2, ON, 16), "k2_eager_c16": (eager(base + k2), ON, 16),
+            "k2_nodext_c16": (base + k2, probe, 16), "k1_v1_c16": (base + k1 + ["--disable-overlap-schedule"], ON, 16),
+            "k1_c16": (base + k1, ON, 16)}
+    res = run_many({k: (f"tree_{k}", out, a, env, reqs, 64, {"concurrency": c}) for k, (a, env, c) in rows.items()})
+    ref = res["k2_c1"]
+    for k, r in res.items():
+        both = r.get("state") == "served" and ref.get("state") == "served"
+        cmp = compare(r.get("outputs") or [], ref.get("outputs") or []) if both else None
+        print(f"TREE_ACCEPT {k}: {r.get('state')} | accept {r.get('accept_length')} | identical to k2_c1 "
+              f"{cmp and cmp['identical_requests']}/{len(reqs)} | {r.get('error') or ''}"[:300], flush=True)
     return res
 
 
@@ -1707,7 +1741,7 @@ SCENARIOS = {"trtllm_eagle_accept": scenario_trtllm_eagle_accept, "xqa_verify": 
              "triton_mtp": scenario_triton_mtp, "llama4_exact": scenario_llama4_exact,
              "gptoss_exact": scenario_gptoss_exact, "gemma4_exact": scenario_gemma4_exact,
              "throughput": scenario_throughput, "one_pool_mle": scenario_one_pool_mle,
-             "llama4_trtllm": scenario_llama4_trtllm}
+             "llama4_trtllm": scenario_llama4_trtllm, "tree_accept": scenario_tree_accept}
 
 
 def _summary(res: dict) -> dict:

@@ -17,7 +17,15 @@ on triton with CUDA graphs off, sglang 0.5.11, illegal memory access. ITEM5_PROB
   ``create_flashinfer_kv_indices_triton`` waited for and, where the wait raises, logged
   (``ITEM5_KERNEL``) with its arguments' sizes; ``e6``: before that metadata build, the first
   entries of the backend's ``*indptr`` buffers (which sglang's draft-extend branch never writes)
-  set to 0, and logged once where they were not (``ITEM5_INDPTR``)."""
+  set to 0, and logged once where they were not (``ITEM5_INDPTR``); ``a``: around each
+  ``_draft_extend_for_prefill`` (the copy into ``req_to_hidden_states_pool``), the first entries
+  of the draft-extend backend's ``*indptr`` buffers read before and after, with their distance
+  from the pool's end and the batch's largest request slot against the pool's rows, logged
+  (``ITEM5_POOL``) where a slot has no row or an entry changed (the row past the pool lands
+  there: the writer confirmed); the scenario runs it with ``mle_hidden_pool`` off (row ``a``)
+  and on (row ``afix``). Beside item 5, ``nodext``: the EAGLE draft-extend CUDA graph refused
+  (``EAGLEDraftExtendCudaGraphRunner.can_run`` False: that step runs eagerly; scenario
+  ``tree_accept``)."""
 
 import os
 
@@ -146,10 +154,43 @@ def _zero_first(original, self, forward_batch, *args, **kwargs):
     return original(self, forward_batch, *args, **kwargs)
 
 
+PREFILL = MLE_MODULE + ".MultiLayerEagleDraftWorker._draft_extend_for_prefill"
+
+
+def _pool_neighbours(original, self, batch, *args, **kwargs):
+    import torch
+
+    pool = self.req_to_hidden_states_pool
+    backend = self.draft_runner_list[0].attn_backend
+    end = pool.data_ptr() + pool.numel() * pool.element_size()
+    bufs = {n: v for n, v in vars(backend).items() if n.endswith("indptr") and isinstance(v, torch.Tensor) and v.numel()}
+    top = int(batch.req_pool_indices.max()) if batch.req_pool_indices.numel() else -1
+    before = {n: int(v[0]) for n, v in bufs.items()}
+    if SEEN["lines"] == 0:
+        SEEN["lines"] += 1
+        print(f"ITEM5_POOL layout: pool {tuple(pool.shape)} {pool.dtype}, row {pool[0].numel() * pool.element_size()} B; "
+              f"buffers' distance from the pool's end (B): {({n: v.data_ptr() - end for n, v in bufs.items()})}", flush=True)
+    out = original(self, batch, *args, **kwargs)
+    _wait("ITEM5_POOL the copy into the pool faulted")
+    after = {n: int(v[0]) for n, v in bufs.items()}
+    if (top >= pool.shape[0] or after != before) and SEEN["lines"] < 12:
+        SEEN["lines"] += 1
+        print(f"ITEM5_POOL largest slot {top} of {pool.shape[0]} rows ({'NO ROW' if top >= pool.shape[0] else 'has a row'}); "
+              f"first entries before {before} after {after}", flush=True)
+    return out
+
+
+DRAFT_EXTEND_GRAPH = "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner.EAGLEDraftExtendCudaGraphRunner.can_run"
+
+
+def _refuse(original, self, *args, **kwargs):
+    return False
+
+
 class Item5Probe(Fix):
     name = "item5_probe"
-    summary = "issue #28 item 5 probe (ITEM5_PROBE=e1|e1b|e2|e3|e4|e5|e6)"
-    targets = (RUN_BATCH, MLE, DRAFT, VERIFY, TRITON_INIT)
+    summary = "issue #28 item 5 probe (ITEM5_PROBE=e1|e1b|e2|e3|e4|e5|e6|a|nodext)"
+    targets = (RUN_BATCH, MLE, DRAFT, VERIFY, TRITON_INIT, PREFILL, DRAFT_EXTEND_GRAPH)
 
     def detect(self) -> Detection:
         if PROBE == "e1":
@@ -165,6 +206,11 @@ class Item5Probe(Fix):
             return Detection.needed("probe e6: the indptr buffers start at 0", around(TRITON_INIT, _zero_first))
         if PROBE == "e5":
             return Detection.needed("probe e5: the draft extend metadata's kernels waited for", around(TRITON_INIT, _synced_kernels))
+        if PROBE == "a":
+            return Detection.needed("probe a: the draft-extend backend's first entries around the pool's copy",
+                                    around(PREFILL, _pool_neighbours))
+        if PROBE == "nodext":
+            return Detection.needed("probe nodext: the EAGLE draft-extend CUDA graph refused", around(DRAFT_EXTEND_GRAPH, _refuse))
         return Detection.not_needed("ITEM5_PROBE unset")
 
 

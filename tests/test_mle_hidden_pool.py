@@ -11,7 +11,7 @@ import ast
 import pytest
 import torch
 
-from sglang_swa_plugin.check import testbed as tb
+from sglang_swa_plugin.check import mle_hidden_pool as sc, testbed as tb
 from sglang_swa_plugin.fix import Verdict
 from sglang_swa_plugin.hooks import mle_hidden_pool as mh
 from sglang_swa_plugin.probe import optional_module, own_function
@@ -51,8 +51,7 @@ def _stand_in(short: bool, size: int = 4):
     cls = _worker_class()
     if cls is None:
         pytest.skip("no multi-layer EAGLE draft worker in this sglang")
-    worker = cls.__new__(cls)
-    worker.req_to_token_pool = tb.make_req_to_token_pool(size=size, max_context_len=8)
+    worker = sc.stand_in(cls, size)
     worker.speculative_num_steps = 0
     rows = worker.req_to_token_pool.req_to_token.shape[0] - int(short)
     setattr(worker, mh.POOL, torch.full((rows, 2, 8), 7.0, dtype=torch.bfloat16))

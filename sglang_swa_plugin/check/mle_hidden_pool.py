@@ -12,12 +12,28 @@ from __future__ import annotations
 from . import Outcome, print_outcome
 
 
+def stand_in(cls, size: int = 4):
+    """A ``MultiLayerEagleDraftWorker`` (``cls``) on the CPU with what sglang's pool allocation,
+    its ``init_attention_backend`` and the fix read: a real ``ReqToTokenPool`` of ``size`` request
+    slots, 3 draft steps, hidden size 8; no pool yet."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from . import testbed as tb
+
+    worker = cls.__new__(cls)
+    worker.req_to_token_pool = tb.make_req_to_token_pool(size=size, max_context_len=8)
+    worker.speculative_num_steps, worker.device = 3, "cpu"
+    worker.model_config = SimpleNamespace(hidden_size=8, dtype=torch.float32)
+    return worker
+
+
 def scenario() -> Outcome:
     """The MTP hidden-state pool sglang's multi-layer EAGLE worker allocates, after what is
     installed on its ``init_attention_backend``, written at every slot a real ``ReqToTokenPool``
     hands out: ``seen`` has the pool's rows, the slots and the error of the write, if any."""
     import ast
-    from types import SimpleNamespace
 
     import torch
 
@@ -25,18 +41,14 @@ def scenario() -> Outcome:
     from sglang_swa_plugin.hooks import mle_hidden_pool as mh
     from sglang_swa_plugin.probe import optional_module, own_function
 
-    from . import testbed as tb
-
     mod = optional_module(mh.MODULE)
     cls = getattr(mod, "MultiLayerEagleDraftWorker", None) if mod is not None else None
     init = own_function(cls, "__init__") if cls is not None else None
     call = mh.pool_allocation(init) if init is not None else None
     if call is None:
         raise ScenarioUnavailable(f"{mh.MODULE}: no multi-layer EAGLE worker with an MTP hidden-state pool")
-    slots = tb.make_req_to_token_pool(size=4, max_context_len=8)
-    worker = cls.__new__(cls)  # the attributes sglang's allocation expression reads, on the CPU
-    worker.req_to_token_pool, worker.speculative_num_steps, worker.device = slots, 3, "cpu"
-    worker.model_config = SimpleNamespace(hidden_size=8, dtype=torch.float32)
+    worker = stand_in(cls)
+    slots = worker.req_to_token_pool
     expr = ast.Expression(body=call)
     setattr(worker, mh.POOL, eval(compile(expr, "<sglang's allocation>", "eval"), {"torch": torch}, {"self": worker}))
     worker.speculative_num_steps = 0  # sglang's per-step draft backends need a GPU: none are built

@@ -36,9 +36,12 @@ VERSIONS = [f"0.5.{n}" for n in range(10, 24)]
 # is not its record, so a release outside it classifies as the records say.
 CI_VERSIONS = {"0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.16", "0.5.22", "0.5.23"}
 DEMO_VERSION = "0.5.11"
-# Where the release-independent start-up and CLI tests (pytest marker cli) run: 0.5.10 (the
-# start-up hook without sglang's plugin framework) and the newest release (with it).
+# Where the release-independent tests run (pytest markers cli and release_independent: the
+# plugin's own start-up, settings, CLI and hook verification: minutes of subprocesses a release):
+# 0.5.10 (the start-up hook without sglang's plugin framework) and the newest release (with it).
+# The statuses session fails where these miss a form of sglang's plugin framework (its code).
 CLI_VERSIONS = {"0.5.10", VERSIONS[-1]}
+RELEASE_INDEPENDENT = ("cli", "release_independent")
 FIX_TESTS = [os.path.join("tests", f"test_{name}.py") for name in (
     "trtllm_swa_pool", "trtllm_extend_routing", "frozen_kv_views", "fa3_spec_translate", "trtllm_xqa_spec_decode",
     "trtllm_xqa_dense_query", "trtllm_local_attn")]
@@ -68,6 +71,10 @@ BASE = [
 PINNED = ("transformers", "openai", "apache-tvm-ffi", "xgrammar")
 TEST_ENV = {
     "PYTHONPATH": SHIMS,
+    # Python writes the bytecode of what a test process imports (the first one to import a
+    # module; the rest reuse it) where the machine sets PYTHONDONTWRITEBYTECODE: an env is not
+    # compiled as it installs (all of torch, sglang...; most of it never imported here).
+    "PYTHONDONTWRITEBYTECODE": "",
     "HF_HUB_OFFLINE": "1",
     "SGLANG_FLASHINFER_WORKSPACE_SIZE": "1048576",
     "TOKENIZERS_PARALLELISM": "false",
@@ -105,29 +112,26 @@ def _pins(session: nox.Session) -> list[str]:
 def install_sglang(session: nox.Session, version: str, swap: bool = False) -> None:
     """An env of sglang ``version`` for a CPU machine, in three uv calls. ``swap``: the env holds
     another release already (statuses); its sglang and that release's pins are replaced, the rest
-    stays. A new env is byte-compiled as it installs (uv compiles what each call installs):
-    Python writes no bytecode itself where PYTHONDONTWRITEBYTECODE is set, as on this project's
-    machines, and every subprocess importing sglang from source takes about twice as long. The
-    swapped env is not compiled: one detection process imports only part of sglang."""
-    env = {} if swap else {"UV_COMPILE_BYTECODE": "1"}
+    stays. Nothing is byte-compiled as it installs: the test processes write the bytecode of what
+    they import (TEST_ENV), once per env, where compiling the whole env took longer."""
     session.log(f"sglang {version}: the release's own wheel, without its dependencies (the CUDA ones "
                 "do not install on a CPU machine)")
-    session.install("--no-deps", f"sglang=={version}", env=env)
+    session.install("--no-deps", f"sglang=={version}")
     pins = _pins(session)
     flashinfer = [p for p in pins if p.lower().replace("_", "-").startswith("flashinfer-python")]
     others = [p for p in pins if p not in flashinfer]
     if swap:
         session.log(f"sglang {version}'s pins: {' '.join(others)}")
-        session.install(*others, env=env)
+        session.install(*others)
     else:
         session.log(f"what sglang {version}'s modules import on a CPU machine: CPU torch 2.13.0, torchvision, "
                     f"triton and {len(BASE) - 3} small packages, and the release's pins {' '.join(others)} "
                     "(about 2 GB; 1-3 min with an empty package cache); the plugin, built as a wheel from "
                     "this tree (what users install)")
-        session.install(_torch(), *BASE, *others, ".", "--reinstall-package", "sglang-swa-plugin", env=env)
+        session.install(_torch(), *BASE, *others, ".", "--reinstall-package", "sglang-swa-plugin")
     session.log(f"{' '.join(flashinfer) or 'flashinfer-python'} without its dependencies (CUDA extras, of no "
                 "use here; sglang's modules import it)")
-    session.install("--no-deps", *(flashinfer or ["flashinfer-python"]), env=env)
+    session.install("--no-deps", *(flashinfer or ["flashinfer-python"]))
 
 
 @nox.session(python="3.11", tags=["ci"])
@@ -143,7 +147,8 @@ def statuses(session: nox.Session) -> None:
     for i, version in enumerate(VERSIONS):
         install_sglang(session, version, swap=i > 0)
         session.run("python", script, "detect", out, env=TEST_ENV)
-    session.run("python", script, "compare", out, ",".join(sorted(CI_VERSIONS, key=VERSIONS.index)), env=TEST_ENV)
+    session.run("python", script, "compare", out, ",".join(sorted(CI_VERSIONS, key=VERSIONS.index)),
+                ",".join(sorted(CLI_VERSIONS, key=VERSIONS.index)), env=TEST_ENV)
 
 
 @nox.session(python="3.11")
@@ -151,9 +156,8 @@ def statuses(session: nox.Session) -> None:
 def tests(session: nox.Session, sglang: str) -> None:
     """The full tests on one release (3.5-8 min on 2 cores; ``-- tests/test_x.py`` for one file)."""
     install_sglang(session, sglang)
-    # The settings' start-up and command-line runs (marker cli: the plugin's own parsing, the same
-    # on every release, ~3 minutes of subprocesses) run on CLI_VERSIONS; every other test on all.
-    marks = "not gpu" if sglang in CLI_VERSIONS else "not gpu and not cli"
+    # The release-independent tests run on CLI_VERSIONS; every other test on every release.
+    marks = "not gpu" if sglang in CLI_VERSIONS else " and ".join(["not gpu", *(f"not {m}" for m in RELEASE_INDEPENDENT)])
     session.run("pytest", *PYTEST_WORKERS, "-m", marks, *session.posargs, env=TEST_ENV)
 
 

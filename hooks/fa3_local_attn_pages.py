@@ -191,8 +191,9 @@ def probe(cls: type, peel: bool = True) -> dict:
 def classify() -> Detection:
     if optional_module(MODULE) is None:
         return Detection.not_applicable("this sglang has no FA3 backend module")
+    cls = target_class(CLASS)  # gone: target moved (TargetMissing), not an unknown shape
     try:
-        got = probe(target_class(CLASS))
+        got = probe(cls)
     except Exception as e:  # noqa: BLE001
         return Detection.unknown(f"local-attention metadata could not be probed: {type(e).__name__}: {e}")
     wrong = [half for half, ok in got.items() if not ok]

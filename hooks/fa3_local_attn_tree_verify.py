@@ -24,7 +24,8 @@ import re
 
 from sglang_swa_plugin import graphed
 from sglang_swa_plugin.fa3_local import FA3_CLASS as CLASS, FA3_MODULE as MODULE, GRAPH_CAPTURE, GRAPH_PARAMS
-from sglang_swa_plugin.fa3_local import GRAPH_REPLAY, GRAPH_STATE, OUT_GRAPH, graph_api, local_metadata_class
+from sglang_swa_plugin.fa3_local import GRAPH_REPLAY, GRAPH_STATE, OUT_GRAPH, arange_once, graph_api
+from sglang_swa_plugin.fa3_local import local_metadata_class
 from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl
 from sglang_swa_plugin.log import warn_once
 from sglang_swa_plugin.probe import function_text, optional_module, own_function, target_class
@@ -94,11 +95,11 @@ def _fill(self, bufs: dict, bs: int, req_pool_indices, seq_lens, positions, meta
     known = min(positions.numel(), rows)
     pos[:known] = positions[:known]
     start = pos - pos % c
-    dev, idx = pos.device, torch.arange(n, device=pos.device)
+    dev = pos.device
+    idx, req = arange_once(n, dev), arange_once(rows, dev, n)  # req: each row's request
     # part 1: the prefix from the chunk's start, one row per draft token
     table = metadata.page_table[:bs]
-    req = torch.arange(bs, device=dev).repeat_interleave(n)
-    cols = (start[:, None] + torch.arange(c, device=dev)).clamp_(max=table.shape[1] - 1)
+    cols = (start[:, None] + arange_once(c, dev)).clamp_(max=table.shape[1] - 1)
     prefix = table[req[:, None], cols].to(torch.int64)
     prefix_len = (prefix_lens.repeat_interleave(n) - start).clamp_(min=0)
     # part 2: the ancestors from the chunk's start
@@ -108,7 +109,7 @@ def _fill(self, bufs: dict, bs: int, req_pool_indices, seq_lens, positions, meta
     hit = tree[:, :, None] == draft.repeat_interleave(n, 0)[:, None, :]
     key_pos = (hit * pos.view(bs, n).repeat_interleave(n, 0)[:, None, :]).sum(-1)
     keep = (idx < expand.cache_seqlens_int32[:rows, None]) & (key_pos >= start[:, None])
-    tree = tree.gather(1, torch.sort(torch.where(keep, idx, idx + n), dim=1).indices)
+    tree = tree.gather(1, torch.sort(torch.where(keep, idx, arange_once(2 * n, dev)[n:]), dim=1).indices)
     if self.use_sliding_window_kv_pool:
         prefix = self.token_to_kv_pool.translate_loc_from_full_to_swa(prefix)
         tree = self.token_to_kv_pool.translate_loc_from_full_to_swa(tree)

@@ -154,8 +154,8 @@ def verify_builds_local(cls) -> bool:
 def classify() -> Detection:
     if optional_module(MODULE) is None:
         return Detection.not_applicable("this sglang has no FA3 backend module")
+    cls = target_class(CLASS)  # gone: target moved (TargetMissing), not an unknown shape
     try:
-        cls = target_class(CLASS)
         builds_local = verify_builds_local(cls)
     except Exception as e:  # noqa: BLE001
         return Detection.unknown(f"the FA3 CUDA-graph metadata methods could not be read: {type(e).__name__}: {e}")

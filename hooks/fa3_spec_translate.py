@@ -61,7 +61,27 @@ def _translate_page_tables(original, self, metadata, metadata_expand, *args, **k
 
 def _graph_translation(self, full_a, full_b, translate):
     """CUDA-graph replays (static tables): the two translations written into views of two
-    int32 tables kept on the backend, replayed as one CUDA graph (``graphed``)."""
+    int32 tables kept on the backend, replayed as one CUDA graph (``graphed``). The views,
+    the work and its inputs are made once per pair of tables (a batch size's) and reused."""
+    pool = self.token_to_kv_pool
+    mapping = getattr(pool, "full_to_swa_index_mapping", None)
+    made_for, ids = (full_a, full_b, pool, mapping), (id(full_a), id(full_b))
+    steps = self.__dict__.setdefault(STEPS, {})
+    step = steps.get(ids)
+    if step is None or any(x is not y for x, y in zip(step[0], made_for)):
+        if len(steps) >= MAX_STEPS:  # tables that are not a graph's static ones: keep none alive
+            steps.clear()
+        step = steps[ids] = (made_for, *_graph_step(self, full_a, full_b, translate, mapping))
+    graphed.run(self, (NAME, full_a.shape[0], full_b.shape[0]), step[1], step[2])
+    return step[3]
+
+
+STEPS = "_swa_plugin_spec_steps"  # on the backend: {tables' ids: (what it was made for, work, inputs, views)}
+MAX_STEPS = 64  # more pairs of tables than a server's CUDA-graph batch sizes
+
+
+def _graph_step(self, full_a, full_b, translate, mapping) -> tuple:
+    """One pair of tables' work, its graph's inputs and the translated views it writes."""
     old = self.__dict__.get(TABLES, (None, None))
     kept = self.__dict__[TABLES] = (_kept(old[0], full_a), _kept(old[1], full_b))
     a, b = kept[0][: full_a.shape[0]], kept[1][: full_b.shape[0]]
@@ -70,10 +90,7 @@ def _graph_translation(self, full_a, full_b, translate):
         a.copy_(translate(full_a))
         b.copy_(translate(full_b))
 
-    mapping = getattr(self.token_to_kv_pool, "full_to_swa_index_mapping", None)
-    graphed.run(self, (NAME, full_a.shape[0], full_b.shape[0]), both,
-                [full_a, full_b, a, b] + ([mapping] if mapping is not None else []))
-    return a, b
+    return both, [full_a, full_b, a, b] + ([mapping] if mapping is not None else []), (a, b)
 
 
 def _kept(old, full):

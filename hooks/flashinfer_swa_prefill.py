@@ -2,10 +2,10 @@
 Bug
     The ragged prefill wrapper is one wrapper for all layers, planned without ``window_left``
     and, without a cached prefix, run without it: sliding layers attend the whole prompt
-    (H100, 0.5.11, Gemma 4 target: 38 of 96 requests wrong from the first token). With a cached
-    prefix the sliding paged part reads keys up to the sequence's end, unwritten yet, unmasked
-    (#26513, 0.5.10-0.5.12; H200, 0.5.11: 9 of 32 wrong). Paged-only prefill (piecewise CUDA
-    graphs) plans the sliding wrapper without the window (#31501, 0.5.10-0.5.15).
+    (requests wrong from the first token). With a cached prefix the sliding paged part reads
+    keys up to the sequence's end, unwritten yet, unmasked (#26513, 0.5.10-0.5.12). Paged-only
+    prefill (piecewise CUDA graphs) plans the sliding wrapper without the window (#31501,
+    0.5.10-0.5.15).
     Fix: a ragged twin planned with the window runs the sliding layers; the paged sliding plan
     gets the window, and with a cached prefix the prefix's last window keys and a mask (#26513).
 Upstream PRs
@@ -25,7 +25,7 @@ from __future__ import annotations
 import ast
 import functools
 
-from sglang_swa_plugin.fix import Detection, Fix, argument, around, hookimpl, with_argument
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl, with_argument
 from sglang_swa_plugin.probe import function_tree, nodes, optional_module, own_function, swapped
 
 MODULE = "sglang.srt.layers.attention.flashinfer_backend"
@@ -200,16 +200,18 @@ def _ragged_calls(fn, method_names) -> list:
 
 def classify() -> Detection:
     mod = optional_module(MODULE)
-    cls = getattr(mod, "FlashInferAttnBackend", None) if mod is not None else None
-    if cls is None:
+    if mod is None:
         return Detection.not_applicable("this sglang has no flashinfer attention backend")
+    cls = getattr(mod, "FlashInferAttnBackend", None)
+    if cls is None:
+        raise TargetMissing(f"{MODULE}.FlashInferAttnBackend")
     init, extend = own_function(cls, "__init__"), own_function(cls, "forward_extend")
     if init is None or extend is None:
         return Detection.unknown("FlashInferAttnBackend lacks __init__ or forward_extend")
     builds = [n for n in nodes(function_tree(init)[0]) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == WRAPPER]
     runs = _ragged_calls(extend, {"forward", "forward_return_lse"})
-    if not builds:
-        return Detection.not_applicable("FlashInferAttnBackend builds no ragged prefill wrapper")
+    if not builds:  # sglang's flashinfer backend has always built one: a rename is no healthy status
+        return Detection.target_moved(f"target moved: FlashInferAttnBackend.__init__ builds no {WRAPPER}")
     if len(builds) != 1 or not runs:
         return Detection.unknown("FlashInferAttnBackend's ragged prefill is not one wrapper run from forward_extend")
     if all(any(k.arg == "window_left" for k in call.keywords) for call in runs):

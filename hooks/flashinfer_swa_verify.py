@@ -26,7 +26,7 @@ import re
 import threading
 from typing import Any, Optional
 
-from sglang_swa_plugin.fix import Detection, Fix, argument, around, has_parameter, hookimpl, with_argument
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, has_parameter, hookimpl, with_argument
 from sglang_swa_plugin.probe import compact, normalized_source, optional_module, own_function, target_class
 
 logger = logging.getLogger("sglang.srt.plugins.swa_plugin")
@@ -294,8 +294,10 @@ def form(updater_cls: type, verify_cls: type) -> "tuple[str, Detection]":
 
 
 def classify() -> Detection:
-    if optional_module(MODULE) is None or _verify_input_class() is None:
+    if optional_module(MODULE) is None or optional_module(EAGLE_INFO) is None:
         return Detection.not_applicable("this sglang has no flashinfer backend or EAGLE verify input")
+    if _verify_input_class() is None:
+        raise TargetMissing(VERIFY_INPUT)
     return form(target_class(UPDATER), target_class(VERIFY_INPUT))[1]
 
 

@@ -29,7 +29,7 @@ from types import SimpleNamespace
 from typing import Any, Optional
 
 from ..fix import Detection, Fix, TargetMissing, around, hookimpl
-from ..probe import function_tree, optional_module, swa_allocator_class, swa_pool_class
+from ..probe import function_tree, optional_module, swa_allocator_class, swa_pool_class, target_class
 from ..trtllm_mha import MODULE as TRTLLM
 
 UTILS = "sglang.srt.speculative.frozen_kv_mtp_utils"
@@ -235,7 +235,7 @@ def classify() -> Detection:
     if trtllm is None:
         return Detection.not_applicable("this sglang has no trtllm_mha backend")
     s = _frozen_draft_stand_ins()
-    cached, how = draft_swa_pool(trtllm.TRTLLMHAAttnBackend, s.runner)
+    cached, how = draft_swa_pool(target_class(f"{TRTLLM}.TRTLLMHAAttnBackend"), s.runner)
     got = views_follow(utils, s.target_pool, s.runner.token_to_kv_pool, cached)
     if None in got.values():
         return Detection.unknown(f"{', '.join(n for n, v in got.items() if v is None)} swaps in no target pool")

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ast
 
-from sglang_swa_plugin.fix import Detection, Fix, argument, around, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl
 from sglang_swa_plugin.probe import is_attribute, module_tree
 
 NAME = "gemma4_window"
@@ -39,12 +39,16 @@ def _config_window(node) -> bool:
 
 def _init_tree():
     """``Gemma4Attention.__init__``'s syntax tree, read from the module's file; None where
-    this sglang has no Gemma 4 (or no such class)."""
+    this sglang has no Gemma 4 (no such module); TargetMissing where the module has no such
+    class or method."""
     module = module_tree(MODULE)
     if module is None:
         return None
     cls = next((n for n in module.body if isinstance(n, ast.ClassDef) and n.name == CLASS), None)
-    return next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None) if cls else None
+    init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None) if cls else None
+    if init is None:
+        raise TargetMissing(TARGET)
+    return init
 
 
 def classify() -> Detection:

@@ -4,8 +4,8 @@ Bug
     ``req_to_token_pool.size`` while the request slots run 1..size (row 0 is padding, #24243):
     the request in slot ``size`` (48 under EAGLE's default) has its target hidden states written
     one row past the pool, after every prefill and CUDA-graph draft extend, into whatever was
-    allocated next: the draft-extend backend's ``kv_indptr`` (MiMo-V2 MTP, triton, CUDA graphs
-    off: illegal memory access on the H200), elsewhere silently.
+    allocated next: the draft-extend backend's ``kv_indptr`` (triton, CUDA graphs off: an
+    illegal memory access), elsewhere silently.
     Fix: before sglang builds the draft backends and graphs, the pool gets req_to_token's rows.
 Upstream PRs
     #24439 (the off-by-one after #24243; 0.5.12 sizes the pool by ``req_to_token.shape[0]``).
@@ -25,7 +25,7 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
-from sglang_swa_plugin.fix import Detection, Fix, around, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, around, hookimpl
 from sglang_swa_plugin.probe import compact, function_tree, nodes, optional_module, own_function
 
 MODULE = "sglang.srt.speculative.multi_layer_eagle_worker_v2"
@@ -76,9 +76,11 @@ def classify() -> Detection:
     if handed_out is False:
         return Detection.not_needed("request slots run 0..size-1 (no padding row): a pool of size rows covers them")
     mod = optional_module(MODULE)
-    cls = getattr(mod, "MultiLayerEagleDraftWorker", None) if mod is not None else None
-    if cls is None:
+    if mod is None:
         return Detection.not_applicable("this sglang has no multi-layer EAGLE draft worker")
+    cls = getattr(mod, "MultiLayerEagleDraftWorker", None)
+    if cls is None:
+        raise TargetMissing(WORKER)
     init = own_function(cls, "__init__")
     call = pool_allocation(init) if init is not None else None
     if call is None:

@@ -4,7 +4,7 @@ Bug
     with ``token_to_kv_pool.translate_loc_from_full_to_swa`` unconditionally while capturing.
     With one pool (``--disable-hybrid-swa-memory``, what users set to get around SWA bugs) the
     pool is an ``MHATokenToKVPool`` without that method: the server stops at start-up with an
-    AttributeError (MiMo-V2 MTP on fa3, H100, 0.5.11).
+    AttributeError.
     Fix: while a batch size is captured, a pool without the method translates as the
     identity (one pool: its ids are the sliding layers' ids; sglang's MHA pool reads no SWA
     locations).
@@ -25,7 +25,7 @@ from __future__ import annotations
 import ast
 import inspect
 
-from sglang_swa_plugin.fix import Detection, Fix, around, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, around, hookimpl
 from sglang_swa_plugin.probe import function_tree, nodes, optional_module, own_function, swapped
 
 MODULE = "sglang.srt.speculative.multi_layer_eagle_draft_extend_cuda_graph_runner"
@@ -64,9 +64,11 @@ def _guarded(fn) -> bool:
 
 def classify() -> Detection:
     mod = optional_module(MODULE)
-    cls = getattr(mod, "MultiLayerEagleDraftExtendCudaGraphRunner", None) if mod is not None else None
-    if cls is None:
+    if mod is None:
         return Detection.not_applicable("this sglang has no multi-layer EAGLE draft-extend graph runner")
+    cls = getattr(mod, "MultiLayerEagleDraftExtendCudaGraphRunner", None)
+    if cls is None:
+        raise TargetMissing(RUNNER)
     capture = own_function(cls, "capture_one_batch_size")
     if capture is None:  # 0.5.14+: the capture moved to a shared runner
         if METHOD in inspect.getsource(mod):

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import re
 
-from sglang_swa_plugin.fix import Detection, Fix, around, hookimpl
-from sglang_swa_plugin.probe import function_text, optional_module, own_function
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, around, hookimpl
+from sglang_swa_plugin.probe import function_text, own_function, target_class
 
 NAME = "swa_graph_padding"
 MODULE = "sglang.srt.model_executor.cuda_graph_runner"
@@ -50,16 +50,25 @@ def _clear_padded_swa_locs(original, self, *args, **kwargs):
     return result
 
 
+def _carries_swa_locs(cls: type) -> bool:
+    return "out_cache_loc_swa" in {**getattr(cls, "__annotations__", {}), **getattr(cls, "__dataclass_fields__", {})}
+
+
 def classify() -> Detection:
-    mod = optional_module(MODULE)
-    cls = getattr(mod, "DecodeInputBuffers", None) if mod is not None else None
-    fn = own_function(cls, "populate_from_forward_batch") if isinstance(cls, type) else None
+    # The feature: separate SWA write locations on the forward batch (gone in 0.5.13); where
+    # the batch has them, the buffers this fix hooks must be there (a rename is "target moved").
+    if not _carries_swa_locs(target_class("sglang.srt.model_executor.forward_batch_info.ForwardBatch")):
+        return Detection.not_applicable("this sglang's forward batch carries no separate SWA write locations")
+    buffers = target_class(f"{MODULE}.DecodeInputBuffers")
+    fn = own_function(buffers, "populate_from_forward_batch")
     if fn is None:
-        return Detection.not_applicable("this sglang's CUDA-graph runner has no DecodeInputBuffers.populate_from_forward_batch "
-                                        "(the buffers that carry separate SWA write locations)")
+        raise TargetMissing(TARGET)
+    if not _carries_swa_locs(buffers):
+        return Detection.not_applicable("the CUDA-graph input buffers carry no separate SWA write locations")
     text = function_text(fn)
     if "out_cache_loc_swa" not in text:
-        return Detection.not_applicable("the CUDA-graph input buffers carry no separate SWA write locations")
+        return Detection.unknown("DecodeInputBuffers carries out_cache_loc_swa, but populate_from_forward_batch never "
+                                 "writes it")
     if _CLEARS.search(text):
         return Detection.not_needed("padded replays clear the SWA write locations")
     return Detection.needed("padded CUDA-graph replays keep an earlier batch's SWA write locations in the padded rows")

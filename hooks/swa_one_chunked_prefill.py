@@ -3,8 +3,8 @@ Bug
     ``PrefillAdder.add_one_req`` may cut a request's prefill to the room of the SWA pool (the SWA
     chunk cap) while chunk budget is left, so the pass goes on and can cut a second request. Only
     the last cut request becomes ``new_chunked_req``; the first one's rest is never prefilled: its
-    next token is sampled mid-prompt and it decodes over KV slots nobody wrote (GPT-OSS, small SWA
-    pool with retractions, 0.5.17, H100: 1 request of 96 wrong from its retraction on, any backend).
+    next token is sampled mid-prompt and it decodes over KV slots nobody wrote: a wrong request,
+    on any backend, when the SWA pool is small or busy (retractions).
     Fix: in a hybrid SWA pass that has cut a request, the next request waits for the next pass
     (``AddReqResult.OTHER``), as a pass already ends when the chunk budget is what cut.
 Upstream PRs

@@ -3,8 +3,8 @@ Bug
     Draft step i runs with its slice of the batch's ``out_cache_loc``, but the SWA write locations
     were translated once from the whole batch: on the batch (``out_cache_loc_swa``, installed by
     ``_forward_raw``; 0.5.10-0.5.12) or in each step backend's metadata (0.5.13+, fa3 and triton).
-    MiMo-V2 NEXTN: shape mismatch; no server start with CUDA graphs (fa3: 32 vs 96 at capture,
-    triton: no locations); eager, keys at other steps' slots (accept 3.07/2.66 for 4.0/3.18).
+    MiMo-V2 NEXTN: shape mismatch; no server start with CUDA graphs (fa3: a size mismatch at
+    capture, triton: no locations); eager, keys at other steps' slots (fewer drafts accepted).
     Fix: batch form, retranslate stale locations; fa3, the step's metadata from its own slice
     (``speculative_step_id``, topk 1); triton, a step writing without its own gets them translated.
 Upstream PRs

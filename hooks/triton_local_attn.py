@@ -1,8 +1,8 @@
 """triton: Llama 4's chunked ("local") layers attend their own chunk, not the whole context.
 Bug
     Llama 4's chunked layers have ``use_irope`` and no window; triton picks keys by the window
-    only: they attend the whole context (hybrid pool: SWA buffer, full-pool ids). Llama 4 on
-    triton, 0.5.11 and 0.5.17: 0/32 requests equal to the float32 model past the first chunk.
+    only: they attend the whole context (hybrid pool: SWA buffer, full-pool ids): wrong tokens
+    once a request passes its first chunk.
     Fix: a chunked layer's decode reads its chunk's keys; its extend and a chain's verify run
     as virtual requests cut at chunk boundaries (as fa3's local batches); a tree's verify (topk
     > 1) reads its chunk's keys under sglang's tree mask re-laid per chunk. Ids in the layer's
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from sglang_swa_plugin import triton_rail
 from sglang_swa_plugin.chunked import CHUNK, chunk_of as _chunked, reads_use_irope, remember_chunk_hook
-from sglang_swa_plugin.fix import Detection, Fix, around, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, around, hookimpl
 from sglang_swa_plugin.log import warn_once
 from sglang_swa_plugin.probe import function_tree, is_attribute, module_tree, nodes, optional_module, own_function
 from sglang_swa_plugin.triton_rail import slots as _slots, tree_verify as _tree_verify
@@ -173,9 +173,11 @@ def _picks_by_window(cls, name: str) -> bool:
 
 def classify() -> Detection:
     tree, mod = module_tree(MODULE), optional_module(MODULE)
-    cls = getattr(mod, "TritonAttnBackend", None)
-    if tree is None or cls is None:
+    if tree is None or mod is None:
         return Detection.not_applicable("this sglang has no triton attention backend")
+    cls = getattr(mod, "TritonAttnBackend", None)
+    if cls is None:
+        raise TargetMissing(f"{MODULE}.TritonAttnBackend")
     plan = (around(INIT, _remember_chunk), around(DECODE, _chunked_decode), around(EXTEND, _chunked_extend))
     if reads_use_irope(tree):
         return Detection.not_needed("triton's backend reads use_irope (chunked layers)", *plan)

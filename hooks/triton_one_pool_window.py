@@ -4,7 +4,7 @@ Bug
     the runner takes ``model_config.sliding_window_size`` only when it is True: a model with no
     ``get_attention_sliding_window_size`` (MiMo-V2, Step3.5) gets ``sliding_window_size = None``.
     ``TritonAttnBackend`` copies it and builds no window buffers while the sliding layers keep
-    their window: a Triton CompilationError at CUDA-graph capture (MiMo-V2, H100, 0.5.11).
+    their window: the server stops at start-up (an AttributeError or a Triton CompilationError).
     Fix: while the backend (0.5.23+: also the multi-step draft backend) is built, the runner
     holds the window the hybrid pool gives it, restored after; one pool's ids need no translation.
 Upstream PRs
@@ -26,7 +26,7 @@ import ast
 import functools
 import inspect
 
-from sglang_swa_plugin.fix import Detection, Fix, argument, around, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl
 from sglang_swa_plugin.probe import (function_text, function_tree, is_attribute, nodes, optional_module, own_function,
                                      swapped)
 
@@ -119,9 +119,11 @@ def _gated_config_branches(rule) -> "tuple[list, list]":
 
 def classify() -> Detection:
     mod = optional_module(MODULE)
-    backend = getattr(mod, "TritonAttnBackend", None) if mod is not None else None
-    if backend is None:
+    if mod is None:
         return Detection.not_applicable("this sglang has no triton attention backend")
+    backend = getattr(mod, "TritonAttnBackend", None)
+    if backend is None:
+        raise TargetMissing(f"{MODULE}.TritonAttnBackend")
     if not _reads(own_function(backend, "__init__"), "sliding_window_size", "model_runner"):
         return Detection.unknown("TritonAttnBackend.__init__ no longer reads model_runner.sliding_window_size")
     values = _hybrid_assignments()

@@ -180,22 +180,34 @@ def _rail_state(self) -> dict:
     return state
 
 
-def _slots(state: dict, n: int, like):
-    """``arange(n)`` on ``like``'s device and dtype, made once per size."""
+def _slots(state: dict, n: int, like, rows: "int | None" = None):
+    """``arange(n)`` on ``like``'s device and dtype (``rows``: that many rows of it), made once
+    per size."""
     import torch
 
-    key = (n, like.device, like.dtype)
+    key = (n, rows, like.device, like.dtype)
     slot = state["slots"].get(key)
     if slot is None:
-        slot = state["slots"][key] = torch.arange(n, device=like.device, dtype=like.dtype)
+        slot = torch.arange(n, device=like.device, dtype=like.dtype)
+        slot = state["slots"][key] = slot if rows is None else slot.repeat(rows, 1)
     return slot
 
 
 def window_of_rail(self, kv_indptr, kv_indices, bs: int, out_indptr, out_indices) -> None:
     """A draft step's window rail from its full rail (``kv_indptr``/``kv_indices``: the
     committed prefix and the step's draft tokens, per branch): the last
-    ``min(L, sliding_window_size)`` keys of each, in SWA space, packed at ``out_indptr``. Fixed
-    shapes (``bs * window`` slots), device ops only: capturable, no host-device sync.
+    ``min(L, sliding_window_size)`` keys of each, in SWA space, packed at ``out_indptr``
+    (``window_rails`` of one step)."""
+    cum, ids = window_rails(self, kv_indptr[None], kv_indices[None], bs)
+    out_indptr[1 : bs + 1] = cum[0]
+    out_indices[: ids.shape[1]] = ids[0]
+
+
+def window_rails(self, kv_indptr, kv_indices, bs: int):
+    """The window rails of ``S`` draft steps at once from their full rails (rows of
+    ``kv_indptr``, ``S x (bs + 1)`` or wider, and ``kv_indices``, ``S x N``): per step the end
+    offsets of its window rail (``S x bs``) and its ids in SWA space (``S x bs * window``). Fixed
+    shapes, device ops only, as many whatever ``S``: capturable, no host-device sync.
 
     Every gather is kept in range: sglang's rail kernel derives ``kv_indptr`` from the batch's
     positions and fills ``kv_indices`` from ``seq_lens``; at CUDA-graph capture the two disagree
@@ -209,15 +221,13 @@ def window_of_rail(self, kv_indptr, kv_indices, bs: int, out_indptr, out_indices
     import torch
 
     state, w = _rail_state(self), self.sliding_window_size
-    ends = kv_indptr[1 : bs + 1]
-    cum = torch.cumsum(torch.clamp(ends - kv_indptr[:bs], min=0, max=w), 0)
-    out_indptr[1 : bs + 1] = cum
-    slot = _slots(state, bs * w, cum)
+    ends = kv_indptr[:, 1 : bs + 1]
+    cum = torch.cumsum(torch.clamp(ends - kv_indptr[:, :bs], min=0, max=w), 1)
+    slot = _slots(state, bs * w, cum, cum.shape[0])
     req = torch.searchsorted(cum, slot, right=True).clamp_(max=bs - 1)
-    src = (ends - cum)[req] + slot
-    last = kv_indices.shape[0] - 1
-    valid = (slot < cum[-1]) & (src.clamp(0, last) == src)
-    ids = kv_indices[torch.where(valid, src, 0)]
+    src = (ends - cum).gather(1, req) + slot
+    valid = (slot < cum[:, -1:]) & (src.clamp(0, kv_indices.shape[1] - 1) == src)
+    ids = kv_indices.gather(1, torch.where(valid, src, 0))
     limit = state["limit"]
     if limit is not None:
         ids_in = ids.clamp(0, limit - 1)
@@ -227,7 +237,7 @@ def window_of_rail(self, kv_indptr, kv_indices, bs: int, out_indptr, out_indices
         ids = torch.where(valid, ids, 0)
     if state["translate"] is not None:
         ids = state["translate"](ids)
-    out_indices[: bs * w] = torch.where(valid, ids, 0)
+    return cum, torch.where(valid, ids, 0)
 
 
 def _step_capture(self, spec_info, bs: int) -> None:
@@ -251,24 +261,57 @@ def _out_graph(original, self, forward_batch, *args, **kwargs):  # 0.5.13+: a dr
 
 def _refill_steps(self, forward_batch) -> None:
     """Replay: each step's window rail from the step's row of the multi-step rail buffers
-    (which sglang's own replay has just refilled), into that step backend's graph buffers;
-    all steps' gathers replayed as one CUDA graph (``graphed``)."""
+    (which sglang's own replay has just refilled), into that step backend's graph buffers: all
+    steps' rails computed at once (``window_rails``), then copied to each step's buffers; the
+    whole replayed as one CUDA graph (``graphed``). What does not change between replays of a
+    batch size (the steps, their buffers' views, the graph's inputs) is kept per multi-step
+    backend and batch size."""
     bs = self.topk * forward_batch.batch_size
-    steps = [(i, b) for i, b in enumerate(self.attn_backends) if _has_window(b)]
-    if not steps:
+    plan = vars(self).setdefault(STEPS, {}).get(bs)
+    if plan is None or not all(getattr(o, name) is t for o, name, t in plan["buffers"]):
+        plan = vars(self)[STEPS][bs] = _steps_plan(self, bs)
+    if plan["first"] is None:
         return
+    graphed.run(self, (NAME, bs, plan["rows"]), plan["refill"], plan["inputs"])
+
+
+STEPS = "_swa_plugin_window_steps"  # on a multi-step backend: {bs: what its replays reuse}
+
+
+def _steps_plan(self, bs: int) -> dict:
+    """What ``_refill_steps`` reuses for ``bs``: the steps with a window, views of their
+    buffers, the refill and its graph's inputs; ``buffers``: the tensors it was made for."""
+    steps = [(i, b) for i, b in enumerate(self.attn_backends) if _has_window(b)]
+    names = ("window_kv_indptr", "cuda_graph_window_kv_indices")
+    buffers = [(self, n, getattr(self, n)) for n in ("kv_indptr", "cuda_graph_kv_indices")]
+    buffers += [(b, n, getattr(b, n)) for _, b in steps for n in names]
+    plan = {"buffers": buffers, "first": steps[0][1] if steps else None, "rows": tuple(i for i, _ in steps)}
+    if not steps:
+        return plan
+    rows = list(plan["rows"])
+    contiguous = rows == list(range(rows[0], rows[-1] + 1))
+    indptr = self.kv_indptr[rows[0] : rows[-1] + 1] if contiguous else self.kv_indptr[rows]
+    indices = self.cuda_graph_kv_indices[rows[0] : rows[-1] + 1] if contiguous else None
+    width = bs * plan["first"].sliding_window_size
+    outs = [(b.window_kv_indptr[1 : bs + 1], b.cuda_graph_window_kv_indices[:width]) for _, b in steps]
 
     def refill():
-        for i, backend in steps:
-            window_of_rail(backend, self.kv_indptr[i, : bs + 1], self.cuda_graph_kv_indices[i], bs,
-                           backend.window_kv_indptr, backend.cuda_graph_window_kv_indices)
+        cum, ids = window_rails(plan["first"], indptr if contiguous else self.kv_indptr[rows],
+                                indices if contiguous else self.cuda_graph_kv_indices[rows], bs)
+        for (out_indptr, out_ids), c, i in zip(outs, cum.unbind(0), ids.unbind(0)):
+            out_indptr.copy_(c)
+            out_ids.copy_(i)
 
     inputs = [self.kv_indptr, self.cuda_graph_kv_indices]
     for _, backend in steps:
         mapping = _rail_state(backend)["mapping"]
         inputs += [backend.window_kv_indptr, backend.cuda_graph_window_kv_indices]
         inputs += [mapping] if mapping is not None else []
-    graphed.run(self, (NAME, bs, tuple(i for i, _ in steps)), refill, inputs)
+    plan.update(refill=refill, inputs=inputs)
+    if any(b.sliding_window_size != plan["first"].sliding_window_size for _, b in steps):
+        plan["refill"] = lambda: [window_of_rail(b, self.kv_indptr[i, : bs + 1], self.cuda_graph_kv_indices[i], bs,
+                                                 b.window_kv_indptr, b.cuda_graph_window_kv_indices) for i, b in steps]
+    return plan
 
 
 def _multi_replay(original, self, forward_batch, *args, **kwargs):  # 0.5.10-0.5.12
@@ -413,8 +456,8 @@ def _helper_gap() -> "str | None":
 def classify() -> Detection:
     if optional_module(MODULE) is None:
         return Detection.not_applicable("this sglang has no Triton attention backend")
+    cls = target_class(CLASS)  # gone: target moved (TargetMissing), not an unknown shape
     try:
-        cls = target_class(CLASS)
         got, gap = probe(cls), _helper_gap()
         new_form = own_function(cls, FILL.rsplit(".", 1)[1]) is not None
     except Exception as e:  # noqa: BLE001

@@ -1,22 +1,23 @@
-"""triton: an EAGLE tree's verify applies a sliding window at each draft's position, not its row.
+"""triton: an EAGLE verify applies a sliding window at each draft's position, not its row.
 Bug
-    Triton's extend kernel masks a sliding window by the query's row in the batch
-    (``prefix + row``); a tree's drafts sit at ``L + depth``, and a draft whose row is past its
-    depth loses the oldest keys of its window. Through sglang's kernel (CPU): those drafts' rows
-    differ from the model by 0.2-1.0. On an H200, MiMo-V2 NEXTN topk 2 on triton, 0.5.11 and
-    0.5.17: 1-12/32 requests equal to the float32 model (topk 1: 32/32). Fix: on a sliding
-    layer, a tree's verify reads the last ``min(L, window)`` keys (SWA ids) under sglang's tree
-    mask re-laid with each draft's window, the kernel's row window off; fixed-size device ops.
+    Triton's extend kernel masks a sliding window by the query's row (``prefix + row``); a tree's
+    drafts sit at ``L + depth``: a draft whose row is past its depth loses its window's oldest
+    keys. Deterministic inference's unified kernel does so too, and reads sglang's mask (rows of
+    ``L + n``) as rows of the window's keys: past the window, a chain's drafts (topk 1) attend
+    later drafts. Through sglang's kernels (CPU) those rows differ from the model; on an H200
+    (MiMo-V2 NEXTN topk 2) requests' tokens differ from the model's. Fix: a tree's verify (and,
+    a preview on 0.5.12+, any deterministic one) reads the last ``min(L, window)`` keys (SWA ids)
+    under sglang's mask re-laid with each draft's window, the kernel's row window off.
 Upstream PRs
-    None: no release passes query positions to the Triton extend kernel.
+    #39287 (open): window bounds from each draft's position; the deterministic path's mask re-laid.
 Affected versions
-    0.5.10-0.5.23 (EAGLE/NEXTN topk > 1 on triton with sliding-window layers).
+    0.5.10-0.5.23 (EAGLE/NEXTN topk > 1 on triton, or any topk deterministic; sliding windows).
     Status by release: applied 0.5.10+.
 Detection
     Syntax tree: the extend kernel ``_fwd_kernel`` takes ``SLIDING_WINDOW_SIZE`` and no query
     position (no parameter named ``pos``/``positions``): needed. A position parameter: not needed.
 Delete when
-    sglang's Triton extend kernel windows by position in every supported release.
+    sglang's Triton extend kernels window by position in every supported release.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import ast
 
 from sglang_swa_plugin import triton_rail
+from sglang_swa_plugin.config import PREVIEW
 from sglang_swa_plugin.fix import Detection, Fix, around, hookimpl
 from sglang_swa_plugin.log import warn_once
 from sglang_swa_plugin.probe import module_tree
@@ -36,6 +38,8 @@ KERNEL_MODULES = ("sglang.kernels.ops.attention.extend_attention",  # 0.5.13+
 RAIL = "_sglang_swa_plugin_tree_window_rail"  # on the backend, per window: see triton_rail.call_with_rail
 # the kernel's own window (by row) off; the rail's mask windows each draft, over the kept keys too
 KERNEL_ARGS = {"skip_prefix_custom_mask": False, "sliding_window_size": -1, "window_kv_offsets": None}
+UNIFIED_ARGS = {"sliding_window_size": -1}  # deterministic inference's kernel: its window (by row) off likewise
+DETERMINISTIC = "triton_swa_tree_verify_deterministic"  # the preview: the unified kernel's verify (no GPU run yet)
 
 
 def _window_fields(self, forward_batch, window: int, swa: bool) -> dict:
@@ -43,23 +47,43 @@ def _window_fields(self, forward_batch, window: int, swa: bool) -> dict:
     ``r`` at position ``p`` sees a kept key at ``t`` iff ``p - t <= window``, an ancestor at
     ``p'`` iff ``p - p' <= window`` (sglang's extend kernel's rule, the model's)."""
     fields = triton_rail.tree_rail(self, forward_batch, "window", window, swa)
-    return {"window_kv_indptr": fields.pop("kv_indptr"), "window_kv_indices": fields.pop("kv_indices"), **fields}
+    aligned = {f: None for f in ("aligned_window_kv_indptr", "aligned_window_kv_indices")
+               if hasattr(self.forward_metadata, f)}  # the unified kernel's tile-aligned window: not this rail's
+    return {"window_kv_indptr": fields.pop("kv_indptr"), "window_kv_indices": fields.pop("kv_indices"), **fields,
+            **aligned}
 
 
 def _tree_window(original, self, q, k, v, layer, forward_batch, *args, **kwargs):
-    """Around ``forward_extend``: a tree's verify on a sliding-window layer reads the rail."""
+    """Around ``forward_extend``: a tree's verify on a sliding-window layer reads the rail; so
+    does any verify (a chain too) that deterministic inference's unified kernel runs."""
+    return _windowed(True, original, self, q, k, v, layer, forward_batch, *args, **kwargs)
+
+
+def _tree_window_not_unified(original, self, q, k, v, layer, forward_batch, *args, **kwargs):
+    """:func:`_tree_window` where sglang's unified kernel reads a sliding-window layer's new keys at
+    full-pool ids (0.5.10-0.5.11): a deterministic verify runs as sglang runs it, named once."""
+    return _windowed(False, original, self, q, k, v, layer, forward_batch, *args, **kwargs)
+
+
+def _windowed(unified_covered: bool, original, self, q, k, v, layer, forward_batch, *args, **kwargs):
     window = getattr(layer, "sliding_window_size", None)
-    if window is None or window < 0 or not triton_rail.tree_verify(forward_batch):
+    unified = triton_rail.deterministic_kernel(self)
+    verify = triton_rail.tree_verify(forward_batch) or unified and triton_rail.masked_verify(self, forward_batch)
+    if window is None or window < 0 or not verify:
         return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
-    path = triton_rail.unsupported(self)
+    path = triton_rail.unsupported(self, unified=unified_covered and DETERMINISTIC in FIX.previews_on)
+    if path == "deterministic inference" and unified_covered and hasattr(self, triton_rail.UNIFIED):
+        path += f" (a preview: {PREVIEW}={DETERMINISTIC})"
     if path is not None:
-        warn_once(NAME, path, "an EAGLE tree's drafts past their depth lose the oldest keys of their "
-                                          "window (tokens can differ from the model)")
+        warn_once(NAME, path, "a verify's drafts lose keys of their window or attend others "
+                              "(tokens can differ from the model)")
         return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
     swa = triton_rail.in_swa_part(triton_rail.pool(self, forward_batch), layer)
+    kernel = {"kernel_name": triton_rail.UNIFIED} if unified else {}
     return triton_rail.call_with_rail(original, self, f"{RAIL}_{window}", swa,
-                                      lambda be, fb, sw: _window_fields(be, fb, window, sw), KERNEL_ARGS,
-                                      q, k, v, layer, forward_batch, *args, **kwargs)
+                                      lambda be, fb, sw: _window_fields(be, fb, window, sw),
+                                      UNIFIED_ARGS if unified else KERNEL_ARGS,
+                                      q, k, v, layer, forward_batch, *args, **kernel, **kwargs)
 
 
 def kernel_parameters() -> "list | None":
@@ -72,11 +96,24 @@ def kernel_parameters() -> "list | None":
     return None
 
 
+def unified_reads_swa_ids() -> "bool | None":
+    """Whether the backend's unified extend path (deterministic inference) hands its kernel a
+    sliding-window layer's new keys at SWA ids (it names them); None: no such path."""
+    tree = module_tree(MODULE)
+    fn = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_forward_extend_unified"),
+              None) if tree is not None else None
+    if fn is None:
+        return None
+    names = {n.attr if isinstance(n, ast.Attribute) else n.id for n in ast.walk(fn)
+             if isinstance(n, (ast.Attribute, ast.Name))}
+    return bool(names & {"swa_out_cache_loc", "swa_loc", "translate_loc_from_full_to_swa"})
+
+
 def classify() -> Detection:
     if module_tree(MODULE) is None:
         return Detection.not_applicable("this sglang has no triton attention backend")
     params = kernel_parameters()
-    plan = (around(EXTEND, _tree_window),)
+    plan = (around(EXTEND, _tree_window if unified_reads_swa_ids() is not False else _tree_window_not_unified),)
     if params is None or "SLIDING_WINDOW_SIZE" not in params:
         return Detection.unknown("no Triton extend kernel _fwd_kernel with SLIDING_WINDOW_SIZE in "
                                  + ", ".join(KERNEL_MODULES))
@@ -91,11 +128,14 @@ def classify() -> Detection:
 
 class TritonSwaTreeVerifyFix(Fix):
     name = NAME
-    summary = "triton: an EAGLE tree's verify windows each draft at its position (sliding-window layers)"
-    upstream_prs = ()
+    summary = ("triton: an EAGLE tree's verify (a preview: any deterministic verify) windows each draft at its "
+               "position (sliding-window layers)")
+    upstream_prs = ("#39287",)
     targets = (EXTEND,)
     target_params = {EXTEND: ("self", "q", "k", "v", "layer", "forward_batch")}
     check_module = "sglang_swa_plugin.check.triton_swa_tree_verify"
+    previews = {DETERMINISTIC: "--enable-deterministic-inference's verify (sglang's unified kernel, 0.5.12+), any "
+                               "topk: the window's keys under the mask re-laid for them"}
 
     def detect(self) -> Detection:
         return classify()

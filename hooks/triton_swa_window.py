@@ -4,7 +4,7 @@ Bug
     ``min(seq_len, sliding_window_size)`` keys. The decode kernel has no window mask and
     attends all of them: query ``q`` sees keys ``q - sliding_window_size + 1 .. q``. The model
     (transformers), fa3, flashinfer and triton's own extend kernel (``q - k <= window``) see
-    one key more. Plain decode on triton: GPT-OSS 0/32 requests equal to the float32 model.
+    one key more: triton's plain decode gives other tokens than the model (GPT-OSS, Gemma 4).
     Fix: the rail builders get ``sliding_window_size + 1`` (extend and verify mask the extra
     prefix key: their output is unchanged); the CUDA-graph window buffer is sized for it.
 Upstream PRs
@@ -25,7 +25,7 @@ from __future__ import annotations
 import inspect
 import re
 
-from sglang_swa_plugin.fix import Detection, Fix, argument, around, hookimpl, with_argument
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl, with_argument
 from sglang_swa_plugin.probe import function_text, function_tree, nodes, optional_module, own_function
 
 NAME = "triton_swa_window"
@@ -68,9 +68,11 @@ def _extend_kernel_module(backend_cls) -> "str | None":
 
 def classify() -> Detection:
     mod = optional_module(MODULE)
-    builders = [getattr(mod, name, None) for name in BUILDERS] if mod is not None else []
-    if not builders or builders[0] is None:
-        return Detection.not_applicable("this sglang's triton backend builds no sliding-window rail")
+    if mod is None:
+        return Detection.not_applicable("this sglang has no triton attention backend")
+    builders = [getattr(mod, name, None) for name in BUILDERS]
+    if builders[0] is None:  # the triton backend has always built its window rail with it
+        raise TargetMissing(f"{MODULE}.{BUILDERS[0]}")
     texts = [function_text(fn) for fn in builders if fn is not None]
     if all(_KEEPS_WINDOW_PLUS_ONE.search(t) for t in texts):
         return Detection.not_needed("the window rail keeps sliding_window_size + 1 keys")

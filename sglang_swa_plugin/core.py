@@ -103,6 +103,7 @@ BUILTIN_MODULES = (
     "sglang_swa_plugin.hooks.triton_one_pool_window",
     "sglang_swa_plugin.hooks.swa_one_chunked_prefill",
     "sglang_swa_plugin.hooks.mimo_v2_window",
+    "sglang_swa_plugin.hooks.step3p5_window",
     "sglang_swa_plugin.hooks.swa_write_loc",
     "sglang_swa_plugin.hooks.triton_local_attn",
     "sglang_swa_plugin.hooks.triton_swa_tree_verify",

@@ -76,29 +76,39 @@ def verify_local_batches(chunk: int, page_size: int, prefix_lens, draft_tokens: 
     import torch
 
     c, n, ps, v = kept_chunk(chunk, page_size), int(draft_tokens), page_size, bs * per_request
-    dev = prefix_lens.device
     lens = prefix_lens[:bs].to(torch.int64) + n  # keys up to and including the draft tokens
     q_first = torch.clamp(c - (lens - n) % c, max=n)  # query tokens in the request's first chunk
     last = (lens - 1) % c + 1  # keys in its last chunk
-    blocks = 1 + (n - q_first + c - 1) // c  # its virtual requests
+    blocks = (n + 2 * c - 1 - q_first) // c  # its virtual requests: 1 + cdiv(n - q_first, c)
     ends = torch.cumsum(blocks, 0)
-    slot = torch.arange(v, device=dev)
-    req = torch.clamp(torch.searchsorted(ends, slot, right=True), max=bs - 1)
-    j = slot - (ends - blocks)[req]  # the virtual request's chunk within its request
-    valid = slot < ends[bs - 1]
-    later = torch.clamp(n - q_first[req] - c * (j - 1), max=c)
-    q = torch.where(valid, torch.where(j == 0, q_first[req], later), 0)
+    slot = arange_once(v, lens.device)
+    req = torch.clamp_(torch.searchsorted(ends, slot, right=True), max=bs - 1)
+    # the request's values per virtual request, in one gather
+    first, q0, last_k, total, end = torch.stack((ends - blocks, q_first, last, lens, ends))[:, req].unbind(0)
+    valid = slot < ends[-1]
+    # query tokens up to the end of chunk j of a request: min(n, q_first + c * j), after the
+    # requests before it (n each); unused virtual requests at the total
     cu_q_out[:1] = 0
-    cu_q_out[1 : v + 1] = torch.cumsum(q, 0)
-    is_last = j == blocks[req] - 1
-    k_out[:v] = torch.where(valid, torch.where(is_last, last[req], c), 0)
-    start = lens[req] - ((blocks[req] - j - 1) * c + last[req])  # the chunk's first key
+    cu_q_out[1 : v + 1] = torch.where(valid, req * n + torch.clamp(q0 + c * (slot - first), max=n), bs * n)
+    keys = (end - 1 - slot) * c + last_k  # keys from the chunk's first one to the request's last
+    k_out[:v] = torch.where(valid, torch.clamp(keys, max=c), 0)
+    start = torch.clamp_(total - keys, min=0)  # the chunk's first key
     pages = c // ps
-    cols = torch.clamp((lens.max() + ps - 1) // ps, max=page_table.shape[1]) - 1  # the splitter's clip
-    idx = torch.minimum(start.clamp(min=0)[:, None] // ps + torch.arange(pages, device=dev), cols)
-    got = page_table[req[:, None], idx]
-    blocks_out[:v, :pages] = torch.where(valid[:, None], got, 0)
-    blocks_out[:v, pages:] = 0
+    cols = torch.clamp((lens.max() - 1) // ps, max=page_table.shape[1] - 1)  # the splitter's clip
+    idx = torch.minimum((start if ps == 1 else start // ps)[:, None] + arange_once(pages, lens.device), cols)
+    blocks_out[:v, :pages] = torch.where(valid[:, None], page_table[req[:, None], idx], 0)
+    if blocks_out.shape[1] > pages:
+        blocks_out[:v, pages:] = 0
+
+
+@functools.lru_cache(maxsize=None)
+def arange_once(n: int, device, every: int = 1):
+    """``arange(n) // every`` on ``device``, made once and kept for good (a captured CUDA graph
+    reads it by address): a constant of the fixed-shape fills."""
+    import torch
+
+    got = torch.arange(n, device=device)
+    return got if every == 1 else got // every
 
 
 def local_metadata_class(metadata):

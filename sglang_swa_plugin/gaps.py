@@ -1,5 +1,6 @@
-"""Known gaps: stock sglang bugs seen on a GPU against the model (``tests/gpu/RESULTS.md``) on
-paths the plugin leaves as they are, each with what to use instead. One list for ``doctor``
+"""Known gaps: stock sglang bugs seen on a GPU against the model (``tests/gpu/RESULTS.md``), or
+read in sglang's source and shown on the CPU (their ``what`` says so), on paths the plugin
+leaves as they are, each with what to use instead. One list for ``doctor``
 (text and ``--json``) and README's "What it does not fix yet" table (``tests/test_records.py``
 holds the two equal): an operator who reads ``applied`` for a model's fix also reads which of
 that model's paths stay wrong.
@@ -47,6 +48,32 @@ GAPS: Tuple[Gap, ...] = (
     Gap("MiMo-V2", "trtllm_mha without speculation; flashinfer, sglang 0.5.11",
         "the server does not start: sglang views the value cache with the key head size (trtllm_mha; "
         "0.5.17 stock too), or passes attention sinks its flashinfer backend does not take", "fa3, or triton"),
+    Gap("any hybrid SWA model", "fa3, EAGLE/NEXTN, CUDA graphs on, requests within the draft tokens of the context "
+                                "length (sglang 0.5.11 and 0.5.23 read; #34239, fix #35985 open)",
+        "expected an illegal memory access (shown on the CPU, not yet on a GPU): the graph's page tables are "
+        "context_len wide while a verify or draft extend hands FA3 seq_len + draft tokens keys, so its last "
+        "rows are read past the table (on the CPU at context_len 4096, 4 drafts: 4099 keys over a 4096-wide row)",
+        "triton, or --disable-cuda-graph (eager FA3 reads req_to_token, context_len + 4 + draft tokens wide)"),
+    Gap("any hybrid SWA model", "triton, --enable-deterministic-inference, EAGLE/NEXTN verify (any topk)",
+        "expected wrong tokens once a request is longer than the window (shown on the CPU through sglang's kernels, "
+        "not yet on a GPU): the unified kernel reads the window's keys under a mask laid out for the whole prefix; "
+        "the plugin's rail for it is a preview, not run on a GPU: "
+        "SGLANG_SWA_PLUGIN_PREVIEW=triton_swa_tree_verify_deterministic (0.5.12+; sglang 0.5.11 also reads the new "
+        "keys at full-pool ids in the SWA cache, prefill too: #23984, fixed 0.5.12)",
+        "no --enable-deterministic-inference"),
+    Gap("any hybrid SWA model (seen upstream on Gemma 4)", "--enable-unified-memory (opt-in, sglang 0.5.23; #37560, "
+        "#36403 merged; #37627, #40491, #40326-#40331 open)",
+        "expected a device-side index assert (read in the source, not run): req_to_token holds virtual ids and the "
+        "SWA virtual-to-physical table is sized by SWA pages; the plugin's rails do not translate virtual ids, so "
+        "`triton_swa_tree_verify` leaves this pool as sglang runs it (one warning)",
+        "the default pools (no --enable-unified-memory)"),
+    Gap("EAGLE-3 drafters with sliding-window layers", "--speculative-draft-window-size (#24664, sglang 0.5.23; "
+        "not in 0.5.11)",
+        "not checked (no CPU scenario, no GPU run): the drafter's own layers slide over the draft's full-only pool; "
+        "the plugin's draft fixes look at the target's windows only", "no draft window"),
+    Gap("Gemma 4", "--swa-full-tokens-ratio 0.1 (#23375 open, sglang main of 0.5.10's time, H200)",
+        "an illegal memory access in sliding-window attention, upstream; no root cause there, none found here "
+        "(not reproduced on the CPU: no small-SWA-pool scenario yet)", "the default --swa-full-tokens-ratio"),
 )
 
 NOT_RUN: Tuple[str, ...] = ()  # paths never run against the model (README: "Not run yet: ...")

@@ -19,15 +19,25 @@ GATHER_MODULES = ("sglang.srt.layers.attention.triton_backend", "sglang.kernels.
                   "sglang.kernels.ops.kvcache.kv_indices", "sglang.srt.layers.attention.utils")
 
 
-def unsupported(self) -> "str | None":
+UNIFIED = "extend_attention_fwd_unified"  # deterministic inference's extend kernel (sglang's unified 1-stage)
+
+
+def unsupported(self, unified: bool = False) -> "str | None":
     """The backend form a rail does not cover (None: covered): decode context parallelism,
-    deterministic inference (sglang's unified kernel), a translating KV index space (0.5.23's
-    unified pool: req_to_token holds virtual ids)."""
+    deterministic inference (sglang's unified kernel; covered where ``unified`` and the backend
+    has that kernel), a translating KV index space (0.5.23's unified pool: req_to_token holds
+    virtual ids)."""
     translating = (getattr(self, "_translate_kv_loc", None) is not None
                    or getattr(getattr(self, "kv_index_translator", None), "is_translating", False))
+    deterministic = deterministic_kernel(self) and not (unified and hasattr(self, UNIFIED))
     return next((p for p, on in (("decode context parallelism", getattr(self, "dcp_size", 1) > 1),
-                                 ("deterministic inference", getattr(self, "enable_deterministic", False)),
+                                 ("deterministic inference", deterministic),
                                  ("a translating KV index space (unified pool)", translating)) if on), None)
+
+
+def deterministic_kernel(self) -> bool:
+    """Whether the backend's extends run sglang's unified kernel (deterministic inference)."""
+    return bool(getattr(self, "enable_deterministic", False))
 
 
 def offsets(lens, dtype=None):
@@ -111,6 +121,13 @@ def tree_verify(forward_batch) -> bool:
             and getattr(spec, "draft_token_num", 0) > 0)
 
 
+def masked_verify(self, forward_batch) -> bool:
+    """A target verify of EAGLE drafts (any topk) whose metadata carries sglang's mask."""
+    spec = getattr(forward_batch, "spec_info", None)
+    return (forward_batch.forward_mode.is_target_verify() and getattr(spec, "draft_token_num", 0) > 0
+            and getattr(self.forward_metadata, "custom_mask", None) is not None)
+
+
 RULES = {"window": 0, "chunk": 1}  # a tree rail's rules (rail_kernel's numbers)
 
 
@@ -186,12 +203,13 @@ def capturing() -> bool:
 
 
 def call_with_rail(original, self, store: str, swa: bool, build, kernel_args: dict, q, k, v, layer, forward_batch,
-                   *args, **kwargs):
+                   *args, kernel_name: str = "extend_attention_fwd", **kwargs):
     """``original`` (a backend method) with the batch's rail (``build(self, forward_batch, swa)``'s
     metadata fields) in place of the backend's metadata, built once per forward and pool part
     (kept on the backend under ``store``) and shared by the layers; ``kernel_args``: arguments
-    the extend kernel takes for the call in place of sglang's (e.g. ``skip_prefix_custom_mask``).
-    The backend's metadata and kernel are put back after the call."""
+    the backend's kernel ``kernel_name`` (the extend kernel unless named) takes for the call in
+    place of sglang's (e.g. ``skip_prefix_custom_mask``). The backend's metadata and kernel are
+    put back after the call."""
     metadata, key = self.forward_metadata, (swa, capturing())
     rail = vars(self).get(store)
     # a CUDA graph's warm-up runs share the capture's metadata: the capture builds its own rail
@@ -199,15 +217,15 @@ def call_with_rail(original, self, store: str, swa: bool, build, kernel_args: di
         rail = vars(self)[store] = (metadata, forward_batch.seq_lens, key,
                                     dataclasses.replace(metadata, **build(self, forward_batch, swa)))
     self.forward_metadata = rail[3]
-    kernel = self.extend_attention_fwd if kernel_args else None
+    kernel = getattr(self, kernel_name) if kernel_args else None
     if kernel is not None:
-        self.extend_attention_fwd = kernel_with(kernel, kernel_args)
+        setattr(self, kernel_name, kernel_with(kernel, kernel_args))
     try:
         return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
     finally:
         self.forward_metadata = metadata
         if kernel is not None:
-            self.extend_attention_fwd = kernel
+            setattr(self, kernel_name, kernel)
 
 
 def kernel_with(kernel, kernel_args: dict):

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from helpers import child_env, child_json, needs_framework, no_framework_only
 from helpers import plugin_log_lines, run_child
 
@@ -47,6 +49,7 @@ def test_startup_hook_file_is_installed():
         assert f.read().strip() == "import sglang_swa_plugin._autoload"
 
 
+@pytest.mark.release_independent  # the plugin's own start-up on sglang's plugin framework (noxfile CLI_VERSIONS)
 @no_framework_only
 def test_spawned_process_gets_the_fixes_without_any_import_of_ours(tmp_path):
     st = child_json(_spawn(tmp_path))
@@ -55,12 +58,14 @@ def test_spawned_process_gets_the_fixes_without_any_import_of_ours(tmp_path):
     assert applied and all(st["fixes"][n]["in_effect"] for n in applied), st["fixes"]
 
 
+@pytest.mark.release_independent  # the plugin's own start-up on sglang's plugin framework (noxfile CLI_VERSIONS)
 @no_framework_only
 def test_startup_hook_honours_the_off_switch(tmp_path):
     st = child_json(_spawn(tmp_path, SGLANG_SWA_PLUGIN="0"))
     assert st["registered"] is False and st["fixes"] == {}
 
 
+@pytest.mark.release_independent  # the plugin's own start-up on sglang's plugin framework (noxfile CLI_VERSIONS)
 @needs_framework
 def test_startup_hook_is_inert_where_sglang_has_plugins_and_entry_point_loads_once(tmp_path):
     st = child_json(_spawn(tmp_path))
@@ -79,6 +84,7 @@ print("RESULT=" + json.dumps(sglang_swa_plugin.status()))
     assert len(executed) == 1
 
 
+@pytest.mark.release_independent  # the plugin's own start-up on sglang's plugin framework (noxfile CLI_VERSIONS)
 @no_framework_only
 def test_a_plugin_that_cannot_load_never_breaks_the_model_runner_import():
     """pluggy missing: the start-up hook logs why, and sglang's model runner imports."""

@@ -49,12 +49,14 @@ def test_load_plugins_runs_plugin_and_logs_one_line_per_fix():
         assert rec["in_effect"] == (rec["status"] == "applied"), (name, rec)
 
 
+@pytest.mark.release_independent  # the plugin's own start-up on sglang's plugin framework (noxfile CLI_VERSIONS)
 @needs_framework
 def test_sglang_plugins_naming_something_else_keeps_plugin_out():
     st = child_json(run_child(LOAD, SGLANG_PLUGINS="some_other_plugin"))
     assert st["registered"] is False and st["fixes"] == {}
 
 
+@pytest.mark.release_independent  # the plugin's own start-up on sglang's plugin framework (noxfile CLI_VERSIONS)
 @needs_framework
 def test_sglang_plugins_naming_us_selects_us():
     st = child_json(run_child(LOAD, SGLANG_PLUGINS="some_other_plugin,swa_plugin"))
@@ -229,6 +231,7 @@ def test_doctor_exit_status_is_nonzero_when_a_needed_fix_cannot_be_installed(tmp
     assert "acme_demo_fix" in proc.stdout and MOVED_TARGET in proc.stdout
 
 
+@pytest.mark.release_independent  # the plugin's own start-up on sglang's plugin framework (noxfile CLI_VERSIONS)
 @no_framework_only
 def test_doctor_says_no_plugin_framework(tmp_path):
     proc = run_cli("doctor", tmp_path=tmp_path)

@@ -179,7 +179,7 @@ RECORD_MAX_LINES = 20  # a register entry: why, how, upstream, releases, when to
 
 @pytest.mark.parametrize("module", BUILTIN_MODULES)
 def test_records_are_register_entries_of_at_most_20_lines(module):
-    """Measurement notes live in tests/gpu/RESULTS.md and CHANGELOG.md, not in the record."""
+    """Measurement notes live in tests/gpu/RESULTS.md, not in the record."""
     lines = importlib.import_module(module).__doc__.rstrip("\n").splitlines()
     assert len(lines) <= RECORD_MAX_LINES, (module, len(lines))
 

@@ -8,7 +8,10 @@
   every row's arguments, and sglang's own refusal of a row told apart from other failures (one
   child process that imports sglang's ServerArgs);
 - the judging and the matrix on recorded outputs, and the exit status of the whole command
-  with a runner of ours in place of the servers (sglang is not faked: a row is a result dict).
+  with a runner of ours in place of the servers (sglang is not faked: a row is a result dict):
+  a speculative row below its expected accept length, a needed fix not applied, a required row
+  not run, a prefix row's second requests, each fails the command where it must (the judging's
+  rules one by one on crafted logs: tests/test_judging.py).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import pytest
 from helpers import child_json, has_module, run_child
 from sglang_swa_plugin import cli
 from sglang_swa_plugin.selftest import command, judging, rows, server, targets
+from sglang_swa_plugin.selftest.targets import readout
 
 # Short requests: 4 prompts of 60 tokens (longer than the window 16 and the chunk 32), 12 new tokens.
 SHORT = command.Protocol(requests=4, prompt_len=60, new_tokens=12, check_requests=4)
@@ -78,9 +82,13 @@ def saved(tmp_path_factory):
 @pytest.mark.parametrize("name", targets.NAMES)
 def test_a_target_gives_the_pinned_tokens_in_bf16_too_and_sees_its_window(name):
     t = _target(name)
-    assert command.reference(t, [1], SHORT._replace(requests=2)) == PINNED[name]
+    assert command.reference(t, [1], SHORT._replace(requests=2)) == getattr(t, "PINNED", PINNED.get(name))
     chk = command.target_check(t, SHORT, 1)
-    assert chk["ok"] and chk["bf16_equal"] == 4 and chk["min_margin"] > 0.1, chk
+    assert chk["ok"] and chk["problems"] == [] and chk["bf16_equal"] == 4, chk
+    assert chk["min_margin"] >= readout.MARGIN_FLOOR, chk
+    # the slot and index-space figures are shown and counted, the limits named (not enforced yet)
+    assert chk["slot_changed"] is not None and chk["full_changed"] is not None, chk
+    assert all(x.startswith(readout.NOT_ENFORCED) for x in chk["limits"]), chk
     assert chk["changed"] == {t.SIZE - 1: 4, t.SIZE + 1: 4}, chk
 
 
@@ -90,6 +98,7 @@ def test_a_window_blind_target_fails_its_check():
     blind = argparse.Namespace(hf_model=lambda size, dtype=None: t.hf_model(t.SIZE, dtype), SIZE=t.SIZE, LABEL=t.LABEL)
     chk = command.target_check(blind, TINY, 1)
     assert chk["changed"] == {t.SIZE - 1: 0, t.SIZE + 1: 0} and not chk["ok"], chk
+    assert [p for p in chk["problems"] if "changes only 0/2" in p], chk
 
 
 @pytest.mark.parametrize("name", targets.NAMES)
@@ -284,7 +293,11 @@ def test_rows_for_a_gpu_capability():
 REF = [[1, 2, 3, 4, 5, 6]] * 4 + [[7, 8, 9, 10, 11, 12]] * 4  # two seeds of 4 requests
 
 
-def _served(outputs, accept=None, plugin_log=("sglang-swa-plugin: fix x applied",)):
+# The plugin's status line of one fix as sglang's log shows it (core.log_record behind sglang's prefix).
+APPLIED_X = "[2026-01-01 12:00:00] sglang-swa-plugin: fix x: applied (needed here)"
+
+
+def _served(outputs, accept=None, plugin_log=(APPLIED_X,)):
     return {"state": "served", "outputs": outputs, "accept_length": accept, "plugin_log": list(plugin_log)}
 
 
@@ -321,8 +334,14 @@ def test_the_command_line():
                                 ["gptoss/*", "mimo_v2/*/plain/*"], True)
     d = _args()
     assert (d.targets, d.backends, d.seeds, d.stock, d.graphs_off, d.small_pool, d.rows, d.out) == (
-        ["gptoss", "llama4", "gemma4", "mimo_v2"], list(rows.BACKENDS), [1, 2, 3], False, False, False, [], None)
-    for bad in (["--targets", "mixtral"], ["--backends", "fa3,nope"], ["--seeds", "a"], ["--parallel", "0"]):
+        list(targets.NAMES), list(rows.BACKENDS), [1, 2, 3], False, False, False, [], None)
+    new = _args("--chunked-prefill", "--prefix", "--page-sizes", "--decode-verify", "--deterministic", "--tp", "2",
+                "--dp-attention", "--require", "default,llama4/*/k1/*")
+    assert (new.tp, new.dp_attention, new.require, command.variants(new)) == (
+        2, True, ["default", "llama4/*/k1/*"], list(rows.VARIANTS))
+    assert command.variants(_args("--every-path")) == list(rows.VARIANTS)
+    assert (d.tp, d.dp_attention, d.require, command.variants(d)) == (1, False, None, [])
+    for bad in (["--targets", "mixtral"], ["--backends", "fa3,nope"], ["--seeds", "a"], ["--parallel", "0"], ["--tp", "0"]):
         with pytest.raises(SystemExit):
             _args(*bad)
 
@@ -334,11 +353,14 @@ class Runner:
     def __init__(self, reference: list, results: dict = None):
         self.reference, self.results, self.calls = reference, results or {}, []
 
-    def __call__(self, name, out, args, env, reqs, new_tokens, start_timeout):
+    def __call__(self, name, out, args, env, reqs, new_tokens, start_timeout, repeats=1):
         self.calls.append((name, env))
         assert len(reqs) == len(self.reference) and new_tokens == len(self.reference[0])
         made = self.results.get(name)
-        return made(self.reference) if callable(made) else made or _served([list(o) for o in self.reference], 2.5)
+        if made is not None:
+            return made(self.reference) if callable(made) else made
+        return _served([list(o) for o in self.reference] * repeats, 2.5,
+                       plugin_log=() if name.endswith("_stock") else (APPLIED_X,))
 
 
 @pytest.fixture(scope="module")
@@ -347,11 +369,18 @@ def llama4_ref():
     return command.reference(targets.load("llama4"), [1], TINY)
 
 
-def _selftest(tmp_path, runner, *argv):
+def _selftest(tmp_path, runner, *argv, expect=2.4, needed=("x",), gpu=H100, flags=()):
+    """The command on Llama 4 with ``runner`` for the servers; ``expect``: every speculative
+    row's expected accept length (a number, or a function as acceptance.expected_accept);
+    ``needed``: the fixes doctor finds needed (None: doctor gave no report)."""
     args = _args("--targets", "llama4", "--seeds", "1", "--out", str(tmp_path), *argv)
     opts = rows.SglangOptions(frozenset(["--disable-piecewise-cuda-graph", "--cuda-graph-max-bs", "--disable-cuda-graph",
-                                         "--decode-attention-backend", "--prefill-attention-backend"]), rows.BACKENDS)
-    return command.main(args, runner=runner, gpu=lambda: H100, options=lambda: opts, protocol=TINY, threads=1)
+                                         "--decode-attention-backend", "--prefill-attention-backend", *flags]),
+                              rows.BACKENDS)
+    doctor = {"needed": list(needed), "problems": []} if needed is not None else {"error": "no report"}
+    return command.main(args, runner=runner, gpu=lambda: gpu, options=lambda: opts, protocol=TINY, threads=1,
+                        expect=expect if callable(expect) else lambda *a, **k: expect, needed=lambda: doctor,
+                        packages=("sglang_swa_plugin",))
 
 
 def test_the_selftest_passes_when_every_plugin_row_is_exact(tmp_path, llama4_ref, capsys):
@@ -369,7 +398,7 @@ def test_the_selftest_passes_when_every_plugin_row_is_exact(tmp_path, llama4_ref
     assert "bf16 = float32 2/2" in lines[checks] and "chunk 31 changes 2/2" in lines[checks]
     assert checks < min(i for i, l in enumerate(lines) if l.startswith("  [")), out  # checks before the servers' lines
     row = next(l for l in lines if l.startswith("llama4/fa3/k1/plugin"))
-    assert row.split()[1:4] == ["2/2", "2.5", "OK"], row
+    assert row.split()[1:6] == ["2/2", "2.5", "2.4", "1/1", "OK"], row  # tokens, accept, expected, fixes applied/needed
     assert "other tokens (first divergence at token 0-3: 2)" in next(l for l in lines if l.startswith("llama4/triton/plain/stock"))
     assert "refused by sglang: AssertionError" in next(l for l in lines if l.startswith("llama4/flashinfer/k1/plugin"))
     assert lines[-1].startswith("OK: 9 plugin row(s)") and "6 refused by sglang" in lines[-1], lines[-1]
@@ -389,7 +418,8 @@ def test_the_selftest_fails_on_each_bad_plugin_row(tmp_path, llama4_ref, capsys)
     report = json.loads(capsys.readouterr().out)
     failed = {k: e["result"] for k, e in report["rows"].items() if e["failed"]}
     assert sorted(failed) == sorted(bad) and all(failed[k].startswith(why) for k, (_, why) in bad.items()), failed
-    assert report["problems"] == ["4 plugin row(s) did not serve the model's tokens on every request"]
+    assert report["problems"] == ["4 row(s) failed (1 wrong tokens, 1 plugin not loaded, 1 did not start, "
+                                  "1 crashed while serving)"]
     assert report["rows"]["llama4/fa3/k1/plugin"]["result"] == "OK"
 
 
@@ -403,13 +433,28 @@ def test_the_selftest_fails_when_nothing_was_served(tmp_path, llama4_ref, capsys
     assert "PROBLEM: no CUDA GPU" in capsys.readouterr().out
 
 
+# A scheduler's failure as sglang logs it: the traceback after its own prefix, the frames, the exception.
+SINKS_LOG = """[2026-01-01 12:00:00] Scheduler hit an exception: Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/sglang/srt/managers/scheduler.py", line 3000, in run_scheduler_process
+    scheduler = Scheduler(server_args, port_args, gpu_id, tp_rank)
+  File "/venv/lib/python3.11/site-packages/sglang/srt/model_executor/model_runner.py", line 400, in forward
+    return self.attn_backend.forward_decode(q, k, v, layer, forward_batch, sinks=sinks)
+TypeError: FlashInferAttnBackend.forward_decode() got an unexpected keyword argument 'sinks'
+"""
+
+
 def test_a_plugin_row_that_stops_as_stock_does_is_sglangs_own_failure(tmp_path, llama4_ref, capsys):
     """A plugin row that did not start or crashed gets its stock twin run after the matrix;
-    the same state and error without the plugin is sglang's failure (no failure of the
-    plugin), anything else stays the plugin row's failure."""
-    boom = {"state": "did not start", "error": "TypeError: forward_decode() got an unexpected keyword argument 'sinks'"}
-    ima = {"state": "crashed while serving", "error": "CUDA error: an illegal memory access was encountered"}
-    runner = Runner(llama4_ref, {"llama4_triton_plain_plugin": boom, "llama4_triton_plain_stock": boom,
+    the same state and the same exception at the same sglang frame without the plugin, with no
+    frame of the plugin in the traceback, is sglang's failure (no failure of the plugin),
+    anything else stays the plugin row's failure."""
+    boom = {"state": "did not start", "error": "TypeError: forward_decode() got an unexpected keyword argument 'sinks'",
+            "tracebacks": server.tracebacks(SINKS_LOG)}
+    ima = {"state": "crashed while serving", "error": "CUDA error: an illegal memory access was encountered",
+           "tracebacks": server.tracebacks(SINKS_LOG.replace("TypeError: FlashInferAttnBackend.forward_decode() got an "
+                                                             "unexpected keyword argument 'sinks'",
+                                                             "torch.AcceleratorError: CUDA error: an illegal memory access"))}
+    runner = Runner(llama4_ref, {"llama4_triton_plain_plugin": boom, "llama4_triton_plain_stock": {**boom, "plugin_log": []},
                                  "llama4_fa3_k1_plugin": ima})  # fa3 k1 stock: served (the runner's default)
     assert _selftest(tmp_path, runner, "--backends", "fa3,triton", "--json") == 1
     report = json.loads(capsys.readouterr().out)
@@ -419,4 +464,124 @@ def test_a_plugin_row_that_stops_as_stock_does_is_sglangs_own_failure(tmp_path, 
     assert not rows_["llama4/triton/plain/plugin"]["failed"]
     assert rows_["llama4/fa3/k1/plugin"]["failed"] and rows_["llama4/fa3/k1/plugin"]["result"].startswith("CRASHED")
     assert rows_["llama4/fa3/k1/stock"]["result"] == "exact"
-    assert report["problems"] == ["1 plugin row(s) did not serve the model's tokens on every request"]
+    assert report["problems"] == ["1 row(s) failed (1 crashed while serving)"]
+    assert report["counts"]["excused (sglang's own failure)"] == 1
+
+
+_CPU_SIDE: dict = {}  # (function, target, arguments) -> its result, for the tests below
+
+
+@pytest.fixture
+def cpu_side_once(monkeypatch):
+    """The target's models and float32 reference computed once for the tests that follow (each
+    runs the whole command; what they test is the judging of the rows), and its checks taken
+    as passed: they are tests/test_targets.py's subject (the tests above run them through the
+    command)."""
+    for name in ("_models", "reference"):
+        real = getattr(command, name)
+
+        def once(t, *args, _real=real, _name=name):
+            key = (_name, t.__name__, repr(args[:2]))
+            if key not in _CPU_SIDE:
+                _CPU_SIDE[key] = _real(t, *args)
+            return _CPU_SIDE[key]
+
+        monkeypatch.setattr(command, name, once)
+    monkeypatch.setattr(command, "target_check", lambda t, protocol, seed, hf_model=None: {
+        "of": protocol.check_requests, "bf16_equal": protocol.check_requests, "min_margin": 1.0, "changed": {},
+        "problems": [], "ok": True})
+
+
+def test_a_speculative_row_below_its_expected_acceptance_fails(tmp_path, llama4_ref, capsys, cpu_side_once):
+    """The tokens are all right; the accept length is not: a draft that reads the wrong keys.
+    The expectation is asked once per target and mode, with every seed's prompts and the
+    float32 outputs."""
+    asked = []
+
+    def expect(t, spec, prompts, new_tokens, ref, **kw):
+        asked.append((t.__name__.rsplit(".", 1)[1], spec, len(prompts), new_tokens, ref))
+        return {1: 3.9, 2: None}[spec.topk]
+
+    runner = Runner(llama4_ref, {"llama4_fa3_k1_plugin": lambda ref: _served([list(o) for o in ref], None)})
+    assert _selftest(tmp_path, runner, "--json", "--backends", "fa3,triton", expect=expect) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert sorted((a[0], a[1].topk, a[2], a[3]) for a in asked) == [("llama4", 1, 2, 12), ("llama4", 2, 2, 12)]
+    assert all(a[4] == llama4_ref for a in asked)
+    result = {k: (e["result"], e["failed"]) for k, e in report["rows"].items()}
+    tolerance = judging.ACCEPT_TOLERANCE
+    assert result["llama4/triton/k1/plugin"] == (f"LOW ACCEPT (server 2.50 < expected 3.90 - {tolerance:.2f})", True)
+    assert result["llama4/fa3/k1/plugin"] == ("NO SPECULATION: the responses count no verify step", True)
+    assert result["llama4/fa3/k2/plugin"][0].startswith("NO EXPECTED ACCEPT") and result["llama4/fa3/k2/plugin"][1]
+    assert result["llama4/fa3/plain/plugin"] == ("OK", False)
+    assert report["rows"]["llama4/triton/k1/plugin"]["expected_accept"] == 3.9
+    assert report["problems"] == ["4 row(s) failed (1 low accept, 1 no speculation, 2 no expected accept)"]
+    assert report["counts"] == {judging.OK: 2, judging.LOW_ACCEPT: 1, judging.NO_SPECULATION: 1, judging.NO_EXPECTED: 2}
+
+
+def test_a_row_without_a_needed_fix_fails(tmp_path, llama4_ref, capsys, cpu_side_once):
+    partly = Runner(llama4_ref, {"llama4_fa3_plain_plugin": lambda ref: _served(
+        [list(o) for o in ref], plugin_log=(APPLIED_X, "[2026-01-01 12:00:00] sglang-swa-plugin: fix y: skipped (moved)"))})
+    assert _selftest(tmp_path, partly, "--backends", "fa3", needed=("x", "y")) == 1
+    out = capsys.readouterr().out
+    assert "fixes doctor finds needed here (2): x, y" in out
+    line = next(l for l in out.splitlines() if l.startswith("llama4/fa3/plain/plugin"))
+    assert line.split()[4:] == ["1/2", "FIX", "NOT", "APPLIED:", "y", "(skipped)"], line
+    assert "FIX NOT APPLIED: y (no line)" in next(l for l in out.splitlines() if l.startswith("llama4/fa3/k1/plugin"))
+    # doctor gave no report: a problem of its own, the rows still judged
+    assert _selftest(tmp_path, Runner(llama4_ref), "--backends", "fa3", needed=None) == 1
+    out = capsys.readouterr().out
+    assert "PROBLEM: which fixes are needed here is not known: no report" in out and "row(s) failed" not in out
+
+
+def test_a_required_row_that_did_not_run_fails(tmp_path, llama4_ref, capsys, cpu_side_once):
+    """By default every row of each backend this GPU runs is required: on a sglang without
+    Hopper's trtllm_mha decode flags, its rows are not run, and that fails; --require names
+    rows (a pattern no row matches fails), 'none' turns it off."""
+    no_decode = ("--decode-attention-backend",)
+    runner = Runner(llama4_ref)
+    args = ["--backends", "fa3,trtllm_mha", "--json"]
+    opts = rows.SglangOptions(frozenset(["--disable-piecewise-cuda-graph", "--cuda-graph-max-bs", "--disable-cuda-graph",
+                                         "--prefill-attention-backend"]), rows.BACKENDS)
+    assert command.main(_args("--targets", "llama4", "--seeds", "1", "--out", str(tmp_path), *args), runner=runner,
+                        gpu=lambda: H100, options=lambda: opts, protocol=TINY, threads=1, expect=lambda *a, **k: 2.4,
+                        needed=lambda: {"needed": ["x"], "problems": []}, packages=()) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["required"]["patterns"] == ["llama4/fa3/*", "llama4/trtllm_mha/*"]
+    assert report["required"]["not_run"] == [f"llama4/trtllm_mha/{m}/plugin" for m in ("plain", "k1", "k2")]
+    assert report["problems"][0] == f"required row not run: llama4/trtllm_mha/plain/plugin (this sglang has no {no_decode[0]})"
+    assert report["counts"]["missing required"] == 3 and report["counts"][judging.NOT_RUN] == 3
+    assert _selftest(tmp_path, runner, "--backends", "fa3", "--require", "llama4/fa3/*/eager/*") == 1
+    assert "PROBLEM: required, no such row: llama4/fa3/*/eager/*" in capsys.readouterr().out
+    assert _selftest(tmp_path, runner, "--backends", "fa3", "--graphs-off", "--require", "llama4/fa3/*/eager/*") == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == ("OK: 6 plugin row(s) gave the model's tokens on every request, speculative ones at the expected "
+                    "acceptance"), last
+
+
+def test_the_prefix_rows_send_every_request_twice(tmp_path, llama4_ref, capsys, cpu_side_once):
+    def second_time_wrong(ref):
+        res = _served([list(o) for o in ref] + [[0] + o[1:] for o in ref], 2.5)
+        return {**res, "cached_tokens": [0, 118]}
+
+    runner = Runner(llama4_ref, {"llama4_fa3_plain_prefix_plugin": second_time_wrong})
+    assert _selftest(tmp_path, runner, "--json", "--backends", "fa3", "--prefix", "--rows", "llama4/fa3/plain/*") == 1
+    report = json.loads(capsys.readouterr().out)
+    row = report["rows"]["llama4/fa3/plain/prefix/plugin"]
+    assert row["per_seed"][0]["identical"] == 2 and row["per_seed"][0]["of"] == 4, row
+    assert row["result"].startswith("WRONG TOKENS") and report["rows"]["llama4/fa3/plain/plugin"]["result"] == "OK"
+
+
+@pytest.mark.cli  # doctor in a child process importing sglang (10-20 s): on the CLI releases only
+def test_the_fixes_a_row_must_apply_are_those_doctor_finds_needed(monkeypatch):
+    """doctor, as a server with the plugin allowed would load it, in a child process: the fixes
+    whose detection says needed here (opt-in ones off)."""
+    from helpers import child_env
+    from sglang_swa_plugin.core import load_fixes, safe_detect
+    from sglang_swa_plugin.fix import Verdict
+
+    for key in [k for k in os.environ if k.startswith("SGLANG_SWA_PLUGIN") or k in ("SGLANG_PLUGINS", "PYTHONPATH")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("PYTHONPATH", child_env()["PYTHONPATH"])
+    got = command.needed_fixes()
+    want = sorted(f.name for f, _ in load_fixes() if not f.opt_in and safe_detect(f).verdict is Verdict.NEEDED)
+    assert got == {"needed": want, "problems": []} and want, got

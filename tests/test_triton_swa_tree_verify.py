@@ -38,12 +38,58 @@ def test_the_recorded_kernel_call_windows_drafts_by_row_stock_and_by_position_fi
     kernel call: stock, the drafts whose row is past their depth (the third and fourth of each
     request) attend other keys than the model; with the fix every draft attends the model's."""
     skip_unless_needed(FIX)
-    with methods_alone(FIX, _methods()):
+    with methods_alone(FIX, _methods()), deterministic_preview():
         stock = scenario_or_skip("triton_swa_tree_verify")
     assert stock.bug and sorted(stock.seen["wrong_drafts"]) == [f"{b}:draft{i}" for b in range(3) for i in (2, 3)], stock
-    with fixed_alone(FIX, _methods()):
+    with fixed_alone(FIX, _methods()), deterministic_preview():
         fixed = scenario_or_skip("triton_swa_tree_verify")
     assert not fixed.bug and fixed.seen["drafts"] == 12, fixed
+    assert ("deterministic" in stock.seen) is _has_unified_kernel(), stock.seen.keys()
+    if "deterministic" in stock.seen:
+        # the unified kernel: a chain's drafts of the requests longer than the window (0 and 2) but
+        # the last attend later drafts; a tree's drafts past their depth lose keys as well
+        det = stock.seen["deterministic"]
+        assert det["chain"] == [f"{b}:draft{i}" for b in (0, 2) for i in range(3)], det
+        assert {"1:draft2", "1:draft3"} | {f"0:draft{i}" for i in range(4)} <= set(det["tree"]), det
+        assert fixed.seen["deterministic"] == {"tree": [], "chain": []}, fixed
+
+
+def deterministic_preview(on: bool = True):
+    """The fix's deterministic preview on (or off) for the block, as SGLANG_SWA_PLUGIN_PREVIEW decides it."""
+    from sglang_swa_plugin.probe import swapped
+
+    return swapped(FIX, "previews_on", frozenset({tv.DETERMINISTIC}) if on else frozenset())
+
+
+def _has_unified_kernel() -> bool:
+    """Whether this sglang's deterministic inference runs its unified extend kernel, and it reads a
+    sliding-window layer's new keys at their SWA ids (0.5.10-0.5.11 read them at full-pool ids:
+    the fix leaves those, a gap)."""
+    return bool(tv.unified_reads_swa_ids())
+
+
+def test_the_plan_covers_the_unified_kernel_where_it_reads_swa_ids():
+    """The unified path's source names the new keys' SWA ids: the plan's hook covers a deterministic
+    verify; it does not (0.5.10-0.5.11: full-pool ids): the hook that leaves it to sglang."""
+    hook = FIX.detect().plan[0].fn
+    assert hook is (tv._tree_window_not_unified if tv.unified_reads_swa_ids() is False else tv._tree_window), hook
+
+
+def test_a_deterministic_verify_is_the_models_attention_through_sglangs_kernel():
+    """Deterministic inference (sglang's unified kernel): a chain's verify (topk 1) and two trees',
+    requests longer and shorter than the window: every output row is the model's attention with
+    the fix; stock none is (the chain's rows past the window attend later drafts). Where the
+    unified kernel reads new keys at full-pool ids (0.5.10-0.5.11), the fix leaves the verify as
+    sglang runs it (wrong: a gap). Seeds: ``WINDOW_SEEDS`` (default 0)."""
+    from interpreted import run_script
+
+    skip_unless_needed(FIX)
+    seeds = os.environ.get("WINDOW_SEEDS", "0").split(",")
+    rows = run_script("interpreted_swa_deterministic.py", seeds)
+    assert len(rows) == 3 * len(seeds), rows
+    for row in rows:
+        assert row["stock"] > 1e-2, row
+        assert (row["fixed"] < 1e-5) if _has_unified_kernel() else (row["fixed"] == row["stock"]), row
 
 
 def test_a_tree_verify_is_the_models_attention_through_sglangs_kernel():
@@ -90,6 +136,37 @@ def test_an_uncovered_backend_form_runs_as_sglang_runs_it_and_is_named_once(capl
             assert tv._tree_window(lambda *a, **k: "stock", backend, None, None, None, layer, fb) == "stock"
     named = [r.getMessage() for r in caplog.records if tv.NAME in r.getMessage()]
     assert len(named) == 1 and "decode context parallelism" in named[0], named
+
+
+def test_a_deterministic_verify_without_the_unified_kernel_runs_as_sglang_runs_it(caplog):
+    """Deterministic inference on a backend without sglang's unified kernel, over a translating
+    index space, where that kernel reads new keys at full-pool ids (the plan's other hook), or
+    with the fix's deterministic preview off (named in the warning): a chain's verify runs stock,
+    named once."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from sglang_swa_plugin import log
+
+    fb = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, spec_info=SimpleNamespace(topk=1, draft_token_num=4))
+    layer = SimpleNamespace(sliding_window_size=7, layer_id=0)
+    metadata = SimpleNamespace(custom_mask=object())
+    unified = dict(enable_deterministic=True, extend_attention_fwd_unified=None, forward_metadata=metadata)
+    for hook, backend, path in (
+            (tv._tree_window, SimpleNamespace(enable_deterministic=True, forward_metadata=metadata),
+             "deterministic inference"),
+            (tv._tree_window, SimpleNamespace(**unified, _translate_kv_loc=object()),
+             "a translating KV index space (unified pool)"),
+            (tv._tree_window_not_unified, SimpleNamespace(**unified), "deterministic inference"),
+            (tv._tree_window, SimpleNamespace(**unified), f"deterministic inference (a preview: "
+                                                          f"SGLANG_SWA_PLUGIN_PREVIEW={tv.DETERMINISTIC})")):
+        log.WARNED.discard((tv.NAME, path))
+        caplog.clear()
+        preview = deterministic_preview(hook is not tv._tree_window or "preview" not in path)
+        with caplog.at_level(logging.WARNING), preview:
+            for _ in range(2):
+                assert hook(lambda *a, **k: "stock", backend, None, None, None, layer, fb) == "stock"
+        named = [r.getMessage() for r in caplog.records if tv.NAME in r.getMessage()]
+        assert len(named) == 1 and path in named[0], named
 
 
 def test_the_window_rail_replays_from_the_batch_buffers_without_a_sync():

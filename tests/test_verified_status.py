@@ -5,6 +5,8 @@ reason, in the log line, in status() and in doctor; strict mode stops start-up."
 
 from __future__ import annotations
 
+import pytest
+
 from helpers import (
     LOAD,
     child_env,
@@ -46,6 +48,7 @@ def _acme_lines(proc):
     return [line for line in plugin_log_lines(proc) if "fix acme_demo_fix:" in line]
 
 
+@pytest.mark.release_independent  # the plugin's own start-up on sglang's plugin framework (noxfile CLI_VERSIONS)
 @needs_framework
 def test_a_hook_sglang_fails_to_apply_is_logged_skipped_not_applied(tmp_path):
     proc = run_child(LOAD, PYTHONPATH=third_party_dist(tmp_path, CLASS_TARGET))
@@ -57,6 +60,7 @@ def test_a_hook_sglang_fails_to_apply_is_logged_skipped_not_applied(tmp_path):
     assert len(lines) == 1 and "|WARNING|" in lines[0] and ": skipped (hook not in effect" in lines[0], lines
 
 
+@pytest.mark.release_independent  # the plugin's own start-up on sglang's plugin framework (noxfile CLI_VERSIONS)
 @needs_framework
 def test_strict_mode_stops_startup_when_sglang_failed_to_apply_a_hook(tmp_path):
     code = LOAD + """
@@ -71,6 +75,7 @@ except Exception as e:
     assert kind == "StrictModeError" and "acme_demo_fix: skipped (hook not in effect" in msg, msg
 
 
+@pytest.mark.release_independent  # the plugin's own start-up on sglang's plugin framework (noxfile CLI_VERSIONS)
 def test_a_module_keeping_the_unhooked_original_is_not_applied(tmp_path):
     proc = run_child(REGISTER, PYTHONPATH=third_party_dist(tmp_path, "acme_target.compute", STALE_COPY))
     rec = child_json(proc)["fixes"]["acme_demo_fix"]
@@ -81,6 +86,7 @@ def test_a_module_keeping_the_unhooked_original_is_not_applied(tmp_path):
         assert "acme_user.compute still hold(s) the unhooked compute" in rec["reason"], rec
 
 
+@pytest.mark.release_independent  # the plugin's own start-up on sglang's plugin framework (noxfile CLI_VERSIONS)
 @needs_framework
 def test_doctor_reports_the_same_verified_status(tmp_path):
     proc = run_cli("doctor", tmp_path=tmp_path, env=child_env(PYTHONPATH=third_party_dist(tmp_path, CLASS_TARGET)))

@@ -2,7 +2,10 @@
 backend the installed sglang has and the GPU can run, in plain decode and (targets with an
 EAGLE3 draft) EAGLE3 topk 1 and 2 or (targets with MTP layers) multi-layer EAGLE and NEXTN
 (topk 1 and 2), with the plugin and, where asked, stock; CUDA graphs on (sglang's default) and,
-where asked, off; a large pool and, where asked, a small one that retracts.
+where asked, off; a large pool and, where asked, a small one that retracts; and, where asked,
+the opt-in variants (``VARIANTS``: chunked prefill, prefix-cache hits, page sizes, trtllm_mha's
+decode-mode verify, triton's deterministic inference; tensor parallelism and DP attention on a
+set of GPUs per server). ``default_required`` gives the rows that must run.
 
 What is decided before a server starts is only what needs no model: the backend is one of
 sglang's ``--attention-backend`` choices, the GPU is new enough for it, the flags exist in this
@@ -12,6 +15,7 @@ argument handling is reported as that (``server.refusal``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 import subprocess
@@ -84,11 +88,13 @@ def pick(flags: Iterable[str], alternatives) -> Optional[list]:
 class Gpu(NamedTuple):
     name: str
     capability: tuple  # (major, minor)
+    count: int = 1  # the CUDA devices the servers see
 
 
 GPU_PROBE = ("import json, torch\n"
              "ok = torch.cuda.is_available()\n"
-             "print(json.dumps(ok and [torch.cuda.get_device_name(0), list(torch.cuda.get_device_capability(0))]))")
+             "print(json.dumps(ok and [torch.cuda.get_device_name(0), list(torch.cuda.get_device_capability(0)),"
+             " torch.cuda.device_count()]))")
 
 
 def detect_gpu() -> Optional[Gpu]:
@@ -99,7 +105,7 @@ def detect_gpu() -> Optional[Gpu]:
         found = json.loads(proc.stdout.strip().splitlines()[-1])
     except Exception:  # noqa: BLE001 - no torch, no driver, no output: no GPU
         return None
-    return Gpu(found[0], tuple(found[1])) if found else None
+    return Gpu(found[0], tuple(found[1]), *found[2:3]) if found else None
 
 
 def backend_args(backend: str, capability: tuple, options: SglangOptions):
@@ -156,6 +162,109 @@ def exact_base(target: str, total: int = 16384, piecewise: bool = False, swa_rat
             "--model-path", target, *graph_max_bs]
 
 
+# The opt-in row variants (each a row of its own per target, backend and mode, CUDA graphs on,
+# large pool, with the variant's name in its key), and what they add to the server:
+# - chunk64: ``--chunked-prefill-size 64``: the 130-token prompts are prefilled in chunks of 64
+#   tokens, each chunk boundary inside some layer's window (the next chunk's first queries read
+#   keys the previous chunk wrote);
+# - prefix: every request sent twice, the second time once the first have finished: it finds its
+#   prompt in sglang's prefix (radix) cache, and both times are judged;
+# - page1, page64: ``--page-size 1`` / ``64`` (the rows' default is the backend's own size); no
+#   such rows where the target sets a page size for the backend (Llama 4's chunk on trtllm_mha);
+# - decodeverify: trtllm_mha's speculative rows with ``--speculative-attention-mode decode``
+#   (verify through the decode backend, XQA; on Hopper every other trtllm_mha verify runs fa3);
+# - deterministic: triton's rows with ``--enable-deterministic-inference``;
+# - tpN, tpNdpattn: the row on N GPUs, ``--tp-size N`` (and ``--enable-dp-attention --dp-size
+#   N``), each server on its own set of N devices (``CUDA_VISIBLE_DEVICES``).
+# Each variant needs its flags in this sglang's parser (else: not run, and why). sglang may
+# change such a setting on its own (trtllm_mha takes pages of 16, 32 or 64 and makes a page
+# size of 1 into 64): ``Planned.settings`` are the fields the server must keep, read back from
+# its log; a server that changed one is reported as refused by sglang.
+CHUNK = 64
+PAGE_SIZES = (1, 64)
+VARIANTS = ("chunk64", "prefix", "page1", "page64", "decodeverify", "deterministic")
+
+
+def variant_of(variant: str, backend: str, spec: Optional[Spec], saved: Optional["Saved"] = None) -> bool:
+    """Whether ``variant`` has a row for ``backend``, the mode's ``spec`` and the target
+    ``saved`` (no page-size rows where the target sets the backend's page size itself)."""
+    if variant.startswith("page") and saved is not None:
+        return "--page-size" not in [*saved.server_args, *dict(saved.backend_server_args).get(backend, ())]
+    if variant == "decodeverify":
+        return backend == "trtllm_mha" and spec is not None
+    if variant == "deterministic":
+        return backend == "triton"
+    return True
+
+
+def _variant_args(variant: str, options: "SglangOptions", gpus: int) -> tuple:
+    """(server arguments, {ServerArgs field: value sglang must keep}, repeats, ranks) of a
+    variant, or (None, why not)."""
+    def needs(*flags):
+        missing = [f for f in flags if f not in options.flags]
+        return f"this sglang has no {missing[0]}" if missing else None
+
+    if variant == "chunk64":
+        why = needs("--chunked-prefill-size")
+        return (None, why) if why else (["--chunked-prefill-size", str(CHUNK)], {"chunked_prefill_size": str(CHUNK)}, 1, 1)
+    if variant == "prefix":
+        return [], {"disable_radix_cache": "False"}, 2, 1
+    if variant.startswith("page"):
+        size = variant[len("page"):]
+        why = needs("--page-size")
+        return (None, why) if why else (["--page-size", size], {"page_size": size}, 1, 1)
+    if variant == "decodeverify":
+        why = needs("--speculative-attention-mode")
+        return (None, why) if why else (["--speculative-attention-mode", "decode"],
+                                        {"speculative_attention_mode": "decode"}, 1, 1)
+    if variant == "deterministic":
+        why = needs("--enable-deterministic-inference")
+        return (None, why) if why else (["--enable-deterministic-inference"], {"enable_deterministic_inference": "True"}, 1, 1)
+    if variant.startswith("tp"):
+        n, dp = int(variant[2:].removesuffix("dpattn")), variant.endswith("dpattn")
+        why = needs("--tp-size", *(("--enable-dp-attention", "--dp-size") if dp else ()))
+        if why:
+            return None, why
+        if gpus < n:
+            return None, f"needs {n} GPUs; {gpus} here"
+        args = ["--tp-size", str(n)] + (["--enable-dp-attention", "--dp-size", str(n)] if dp else [])
+        settings = {"tp_size": str(n), **({"enable_dp_attention": "True", "dp_size": str(n)} if dp else {})}
+        return args, settings, 1, n
+    raise ValueError(f"unknown row variant {variant!r}")
+
+
+# The default required rows (``--require`` unset, no ``--rows``): per target the installed sglang
+# serves (its model class is in sglang's models; an unavailable target whose model sglang
+# serves is then missing), every row of each attention backend the GPU's architecture runs and
+# this sglang offers (its --attention-backend choices, never its version string). A required
+# row that was not run, or a pattern no row matches, is a failure; a row sglang refuses, or a
+# plugin row excused as sglang's own failure, did run.
+ARCH_BACKENDS = {9: ("fa3", "flashinfer", "triton", "trtllm_mha"),  # Hopper (trtllm_mha: its decode, XQA)
+                 10: ("flashinfer", "triton", "trtllm_mha")}  # Blackwell (sm100, sm103)
+OTHER_ARCH_BACKENDS = ("flashinfer", "triton")
+
+
+def default_required(served_targets: Iterable[str], backends: Iterable[str], capability: Optional[tuple],
+                     options: "SglangOptions") -> list:
+    """The default required row patterns (``target/backend/*``) for the targets sglang serves
+    among those asked for, the backends asked for, the GPU's ``capability`` and sglang's
+    ``options``."""
+    if capability is None:
+        return []
+    arch = ARCH_BACKENDS.get(capability[0], OTHER_ARCH_BACKENDS)
+    return [f"{t}/{b}/*" for t in served_targets for b in backends if b in arch and b in options.backends]
+
+
+def devices(count: int, environ: Optional[dict] = None) -> list:
+    """The CUDA device ids the servers may use: CUDA_VISIBLE_DEVICES's where set, else 0..count-1."""
+    import os
+
+    visible = (environ if environ is not None else os.environ).get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip():
+        return [d.strip() for d in visible.split(",") if d.strip()]
+    return [str(i) for i in range(count)]
+
+
 @dataclass(frozen=True)
 class Row:
     """One server of the matrix: a target, an attention backend, a mode (a key of MODES), with
@@ -167,29 +276,46 @@ class Row:
     plugin: bool
     graphs: bool = True
     pool: str = "large"
+    variant: str = ""  # one of VARIANTS, "tpN" or "tpNdpattn"; "": none
 
     @property
     def key(self) -> str:
-        """``target/backend/mode[/eager][/small]/plugin|stock``: what ``--rows`` patterns match."""
+        """``target/backend/mode[/eager][/small][/variant]/plugin|stock``: what ``--rows`` patterns match."""
         return "/".join([self.target, self.backend, self.mode, *([] if self.graphs else ["eager"]),
-                         *([] if self.pool == "large" else [self.pool]), "plugin" if self.plugin else "stock"])
+                         *([] if self.pool == "large" else [self.pool]), *([self.variant] if self.variant else []),
+                         "plugin" if self.plugin else "stock"])
 
 
 class Planned(NamedTuple):
+    """A row with its server arguments (None: not run, ``why_not`` says why), the environment
+    it adds (``env``: ``((name, value), ...)``, e.g. its GPUs), the ServerArgs fields sglang
+    must keep as set (``settings``), how many times its requests are sent (``repeats``) and
+    its tensor-parallel size (``ranks``)."""
+
     row: Row
     args: Optional[list]  # None: not run
     why_not: Optional[str]
+    env: tuple = ()
+    settings: tuple = ()
+    repeats: int = 1
+    ranks: int = 1
 
 
 def plan(targets: dict, backends: Iterable[str], capability: Optional[tuple], options: SglangOptions,
          stock: bool = False, graphs_off: bool = False, patterns: Iterable[str] = (),
-         mem_fraction: float = 0.85, small_pool: bool = False) -> list:
+         mem_fraction: float = 0.85, small_pool: bool = False, variants: Iterable[str] = (), tp: int = 1,
+         dp_attention: bool = False, gpus: Optional[list] = None) -> list:
     """The rows, in order, each with its server arguments or why it is not run. ``targets``:
     ``{name: Saved (or a tuple of its fields) or a reason the target is not available}`` (an
     unavailable target has no rows: the target checks say why); ``capability``: the GPU's
-    (None: no GPU); ``patterns``: ``--rows`` (fnmatch on Row.key, empty: every row)."""
-    patterns = list(patterns)
-    out = []
+    (None: no GPU); ``patterns``: ``--rows`` (fnmatch on Row.key, empty: every row);
+    ``variants``: of VARIANTS, the opt-in rows; ``tp`` > 1: every default row also on ``tp``
+    GPUs (and with ``dp_attention``, with DP attention too), each server on its own set of
+    ``gpus`` (device ids, ``devices()``; default: one device)."""
+    patterns, gpus = list(patterns), list(gpus if gpus is not None else ["0"])
+    extra = list(variants) + ([f"tp{tp}"] + ([f"tp{tp}dpattn"] if dp_attention else []) if tp > 1 else [])
+    device_sets = [gpus[k * tp:(k + 1) * tp] for k in range(len(gpus) // tp)] if tp > 1 else []
+    out, sets = [], {}
     for name, saved in targets.items():
         if isinstance(saved, str):
             continue
@@ -200,15 +326,24 @@ def plan(targets: dict, backends: Iterable[str], capability: Optional[tuple], op
                     continue  # the target has no draft of this kind: no such rows (said once per target)
                 for graphs in (True, False) if graphs_off else (True,):
                     for pool in ("large", "small") if small_pool else ("large",):
-                        for plugin in (True, False) if stock else (True,):
-                            row = Row(name, backend, mode, plugin, graphs, pool)
-                            if patterns and not any(fnmatch.fnmatchcase(row.key, p) for p in patterns):
+                        for variant in [""] + (extra if graphs and pool == "large" else []):
+                            if variant and not variant_of(variant, backend, spec, saved):
                                 continue
-                            out.append(_planned(row, saved, spec, capability, options, mem_fraction))
+                            for plugin in (True, False) if stock else (True,):
+                                row = Row(name, backend, mode, plugin, graphs, pool, variant)
+                                if patterns and not any(fnmatch.fnmatchcase(row.key, p) for p in patterns):
+                                    continue
+                                p = _planned(row, saved, spec, capability, options, mem_fraction, len(gpus))
+                                if p.ranks > 1 and p.args is not None and device_sets:
+                                    # a row and its stock twin on the same set of devices, the sets in turn
+                                    twin = dataclasses.replace(row, plugin=True)
+                                    ds = sets.setdefault(twin, device_sets[len(sets) % len(device_sets)])
+                                    p = p._replace(env=(("CUDA_VISIBLE_DEVICES", ",".join(ds)),))
+                                out.append(p)
     return out
 
 
-def _planned(row: Row, saved: Saved, spec: Optional[Spec], capability, options, mem_fraction) -> Planned:
+def _planned(row: Row, saved: Saved, spec: Optional[Spec], capability, options, mem_fraction, gpus: int = 1) -> Planned:
     if capability is None:
         return Planned(row, None, "no CUDA GPU")
     args, why_not = backend_args(row.backend, capability, options)
@@ -223,4 +358,10 @@ def _planned(row: Row, saved: Saved, spec: Optional[Spec], capability, options, 
         if eager is None:
             return Planned(row, None, "this sglang has no flag that turns CUDA graphs off")
         args += eager
-    return Planned(row, args, None)
+    if not row.variant:
+        return Planned(row, args, None)
+    got = _variant_args(row.variant, options, gpus)
+    if got[0] is None:
+        return Planned(row, None, got[1])
+    more, settings, repeats, ranks = got
+    return Planned(row, args + more, None, (), tuple(settings.items()), repeats, ranks)

@@ -2,9 +2,11 @@
 ``python -m sglang.launch_server`` per row on ports reserved for it, greedy ``/generate``
 requests by token ids, and what became of the row: ``served``, ``did not start``, ``refused by
 sglang`` (the server's own argument handling rejected the row) or ``crashed while serving``,
-with the one line of the server's error. The plugin is in or out of a server through sglang's
-own allow-list of plugins (``ON`` / ``OFF``): the server imports the installed plugin, never
-this source tree."""
+with the one line of the server's error, and what the judging reads of its log: every
+traceback (``tracebacks``), the plugin's own lines (``plugin_lines``: its fix status lines
+among them), the settings sglang ran (``server_settings``). The plugin is in or out of a server
+through sglang's own allow-list of plugins (``ON`` / ``OFF``): the server imports the
+installed plugin, never this source tree."""
 
 from __future__ import annotations
 
@@ -145,10 +147,42 @@ def first_error(log: str) -> Optional[str]:
     return (named or errs or [None])[0]
 
 
-_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in \S+')
+_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in (.+?)\s*$')
+_TRACEBACK = "Traceback (most recent call last):"
+_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
 # sglang's argument handling: ServerArgs and its checks (0.5.10-0.5.22), the argument groups'
 # hooks that resolve and check them (0.5.23).
 _ARGUMENT_CODE = re.compile(r"[/\\]sglang[/\\]srt[/\\](server_args\.py$|arg_groups[/\\])")
+
+
+def tracebacks(log_text: str) -> list:
+    """Every Python traceback in a server log, in order: ``{"type", "message", "frames"}``
+    (``frames``: ``[file, function]``, outermost first; ``type``: the exception's class as
+    printed, None where the traceback ends in no exception line). A traceback may start
+    mid-line (sglang logs "Scheduler hit an exception: Traceback ..."); each exception of a
+    chain is a traceback of its own."""
+    out, lines, i = [], log_text.splitlines(), 0
+    while i < len(lines):
+        if _TRACEBACK not in lines[i]:
+            i += 1
+            continue
+        frames, message = [], None
+        i += 1
+        while i < len(lines):
+            line = lines[i]
+            m = _FRAME.match(line)
+            if m:
+                frames.append([m.group(1), m.group(2)])
+            elif _TRACEBACK in line:
+                break  # the next one (interleaved output of another process)
+            elif line.strip() and not line[0].isspace():  # the exception line ends the traceback
+                message = line.strip()
+                i += 1
+                break
+            i += 1
+        m = _EXCEPTION.match(message or "")
+        out.append({"type": m.group(1) if m else None, "message": (message or "")[:240], "frames": frames})
+    return out
 
 
 def refusal(log_text: str) -> Optional[str]:
@@ -158,34 +192,63 @@ def refusal(log_text: str) -> Optional[str]:
     in ``sglang/srt/server_args.py`` or ``sglang/srt/arg_groups/``); None for anything else (a
     failure deeper in sglang, a missing GPU, a crash). What sglang refuses for a model and
     backend is decided by the installed sglang, so the selftest asks it rather than a table."""
-    lines = log_text.splitlines()
-    starts = [i for i, l in enumerate(lines) if l.startswith("Traceback (most recent call last):")]
-    if not starts:
+    tbs = tracebacks(log_text)
+    if not tbs or not tbs[-1]["frames"] or not tbs[-1]["message"]:
         return None
-    innermost, message = None, None
-    for line in lines[starts[-1] + 1:]:
-        m = _FRAME.match(line)
-        if m:
-            innermost = m.group(1)
-        elif line and not line[0].isspace():  # the exception line ends the traceback
-            message = line.strip()
-            break
-    if innermost and message and _ARGUMENT_CODE.search(innermost) and not _ours(message):
-        return message[:240]
+    last = tbs[-1]
+    if _ARGUMENT_CODE.search(last["frames"][-1][0]) and not _ours(last["message"]):
+        return last["message"]
     return None
 
 
+# ServerArgs fields a row may set that sglang can change on its own (a page size the backend
+# does not take, a prefill chunk, a mode): read back from the server_args line sglang logs at
+# start-up (``ServerArgs(page_size=64, ...)``, or a dict on 0.5.23: ``{'page_size': 64, ...}``).
+SETTINGS = ("page_size", "chunked_prefill_size", "speculative_attention_mode", "enable_deterministic_inference",
+            "tp_size", "dp_size", "enable_dp_attention", "disable_radix_cache")
+
+
+def server_settings(log_text: str, names=SETTINGS) -> dict:
+    """``{field: value as printed}`` of the ServerArgs fields ``names`` in sglang's start-up
+    line ``server_args=...`` (the first such line; {} where there is none)."""
+    line = next((l for l in log_text.splitlines() if "server_args=" in l), None)
+    if line is None:
+        return {}
+    found = {}
+    for name in names:
+        m = re.search(r"[\s(,{]'?" + name + r"'?\s*[=:]\s*('[^']*'|[^,)}\s]+)", line)
+        if m:
+            found[name] = m.group(1).strip("'")
+    return found
+
+
+def plugin_lines(log: str) -> list:
+    """The lines of the server log file ``log`` that name the plugin, the harness's own header
+    (the command and its environment, the first two lines) left out."""
+    if not os.path.exists(log):
+        return []
+    lines = open(log, errors="replace").read().splitlines()
+    body = lines[2:] if lines[:1] and lines[0].startswith("$ ") else lines
+    return [l.rstrip() for l in body if _PLUGIN in l]
+
+
 def run(name, out, args, env, reqs, max_new, concurrency=32, rounds=1, start_timeout=START_TIMEOUT,
-        _retry=True) -> dict:
+        _retry=True, repeats=1) -> dict:
     """One server; ``rounds`` > 1: a warm-up round, then ``rounds`` timed rounds of the same
-    requests (``round_tok_per_s``), so that throughput is compared on warm servers. Every
-    result says its ``state``: "did not start", "refused by sglang" (``refusal``), "crashed
-    while serving" (the server died, or a request failed or came back without output) or
-    "served"; only a served row has outputs to judge, and ``error`` is the one line that stopped
-    the others. ``plugin_log``: the plugin's own lines (none: the plugin was not loaded). A start
-    that failed for a reason of the harness (a port taken) is retried once. Its log is
-    ``out/<name>.log``, its outputs ``out/<name>.outputs.json``, its result a line of
-    ``out/runs.jsonl``."""
+    requests (``round_tok_per_s``), so that throughput is compared on warm servers;
+    ``repeats`` > 1: the requests sent that many times, each time once the previous have
+    finished (the later ones find their prompts in sglang's prefix cache), every time's
+    outputs kept in order in ``outputs`` and its cached tokens in ``cached_tokens`` (per time;
+    None where the server does not report them). Every result says its ``state``: "did not
+    start", "refused by sglang" (``refusal``), "crashed while serving" (the server died, or a
+    request failed or came back without output) or "served"; only a served row has outputs to
+    judge, and ``error`` is the one line that stopped the others. Whatever the state:
+    ``plugin_log``, the log's lines that name the plugin (its fix status lines among them; the
+    harness's header left out), ``server_args``, the fields of ``SETTINGS`` as sglang logged
+    them, and (a row that did not serve) ``tracebacks``, every traceback of the log
+    (``tracebacks``). A start that failed for a reason of the harness (a port taken) is
+    retried once. Its log is ``out/<name>.log``, its outputs ``out/<name>.outputs.json``, its
+    result a line of ``out/runs.jsonl``."""
     srv = Server(name, out, args, env)
     res = {"name": name, "args": args, "env": env}
     try:
@@ -197,18 +260,25 @@ def run(name, out, args, env, reqs, max_new, concurrency=32, rounds=1, start_tim
             res["log_tail"] = log_text[-3000:]
             if _retry and any(h in res["log_tail"] for h in _HARNESS):
                 srv.stop()
-                return run(name, out, args, env, reqs, max_new, concurrency, rounds, start_timeout, _retry=False)
+                return run(name, out, args, env, reqs, max_new, concurrency, rounds, start_timeout, _retry=False,
+                           repeats=repeats)
             return res
         res["startup_s"] = round(srv.startup_s, 1)
         res["round_tok_per_s"] = []
-        for i in range(rounds + (1 if rounds > 1 else 0)):
+        outs, cached = [], []
+        for i in range(rounds + (1 if rounds > 1 else 0) if repeats <= 1 else repeats):
             t = time.time()
             with ThreadPoolExecutor(concurrency) as ex:  # request j of round i is "q<j>r<i>" in the log
-                outs = list(ex.map(lambda j: generate(srv.port, reqs[j], max_new, rid=f"q{j}r{i}"), range(len(reqs))))
+                got = list(ex.map(lambda j: generate(srv.port, reqs[j], max_new, rid=f"q{j}r{i}"), range(len(reqs))))
             res["wall_s"] = time.time() - t
             if rounds > 1 and i > 0:
-                toks = sum((o.get("meta_info", {}).get("completion_tokens") or 0) for o in outs)
+                toks = sum((o.get("meta_info", {}).get("completion_tokens") or 0) for o in got)
                 res["round_tok_per_s"].append(round(toks / res["wall_s"], 1))
+            outs = outs + got if repeats > 1 else got
+            reported = [o.get("meta_info", {}).get("cached_tokens") for o in got]
+            cached.append(None if any(c is None for c in reported) else sum(reported))
+        if repeats > 1:
+            res["cached_tokens"] = None if None in cached else cached
         res["outputs"] = [o.get("output_ids") for o in outs]
         res["errors"] = [o["error"] for o in outs if "error" in o]
         metas = [o.get("meta_info", {}) for o in outs]
@@ -216,7 +286,6 @@ def run(name, out, args, env, reqs, max_new, concurrency=32, rounds=1, start_tim
         toks = sum(m.get("completion_tokens", 0) or 0 for m in metas)
         res["completion_tokens"] = toks
         res["accept_length"] = round(toks / verify, 4) if verify else None
-        res["plugin_log"] = srv.log_lines(_PLUGIN)
         res["retractions"] = len(srv.log_lines("#retracted_reqs"))  # sglang's own line per retracting step
         res["cuda_graph"] = "--disable-cuda-graph" not in args
         res["crash"] = srv.proc.poll() is not None or bool(srv.log_lines("illegal memory access"))
@@ -227,12 +296,25 @@ def run(name, out, args, env, reqs, max_new, concurrency=32, rounds=1, start_tim
             res["error"] = first_error(srv.log) or (res["errors"] or ["requests without output"])[0]
     finally:
         srv.stop()
+        _read_log(res, srv.log)
         with open(os.path.join(out, "runs.jsonl"), "a") as f:  # partial results survive a timeout
             f.write(json.dumps({k: v for k, v in res.items() if k != "outputs"}) + "\n")
         if res.get("outputs") is not None:  # the tokens, for a triage beyond the verdict
             with open(os.path.join(out, f"{name}.outputs.json"), "w") as f:
                 json.dump(res["outputs"], f)
     return res
+
+
+MAX_TRACEBACKS = 64  # per row (a server of 8 ranks prints each failure 8 times, and more)
+
+
+def _read_log(res: dict, log: str) -> None:
+    """What the judging reads of a stopped server's log, into its result ``res``."""
+    log_text = open(log, errors="replace").read() if os.path.exists(log) else ""
+    res["plugin_log"] = plugin_lines(log)
+    res["server_args"] = server_settings(log_text)
+    if res.get("state") != "served":
+        res["tracebacks"] = tracebacks(log_text)[:MAX_TRACEBACKS]
 
 
 def run_many(runs: dict, parallel: int = 1, done: Optional[Callable[[str, dict], None]] = None) -> dict:

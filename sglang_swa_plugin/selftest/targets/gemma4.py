@@ -4,10 +4,10 @@ float32 reference from transformers' own Gemma4ForCausalLM (its sliding-window m
 
     python -m sglang_swa_plugin.selftest.targets.gemma4 [--seeds 1,2,3]   # checks of the target (CPU)
 
-The readout design of ``readout``: layer 0 (sliding) attends the OLDEST key its window
-lets it see (a score that rises by 12 per position back), so the window's exact size decides a
-quarter of the next tokens; layer 1 (sliding) attends the previous token; layers 2 (sliding) and
-3 (full) add nothing; every MLP's down projection is zero. transformers' Gemma 4 keeps the keys
+The every-layer design of ``readout`` (LAYERS): layer 0 (sliding) attends the OLDEST key its
+window lets it see (vote A: the window's exact size decides half of the next tokens); layers 1
+and 2 (sliding) the previous token (B, half the weight each); layer 3 (full, RoPE theta 1e6)
+the first token (C); 8 query heads, 8 KV heads; every MLP's down projection is zero. transformers' Gemma 4 keeps the keys
 at distance 0 .. sliding_window - 1 (window keys); sglang 0.5.11 passes sliding_window - 1 to the
 model runner (exclusive convention) and sliding_window itself to each layer's RadixAttention.
 
@@ -21,13 +21,13 @@ What Gemma 4 adds, read from both implementations (transformers 5.x models/gemma
   q_norm and k / rms(k) * k_norm whatever the residual holds; k_norm = rms(k) and q_norm =
   rms(q) / 8 make q.R(d)k the readout's score (readout.qk, neox pairs, divided by sqrt(64));
   v is the token's +-1 code, which v_norm leaves as it is;
-- post_attention_layernorm normalises the attention output (the code on 64 of 256
-  coordinates: rms 1/2), weight 1/2 writes the code itself;
+- post_attention_layernorm normalises the attention output (the code on 64 of H
+  coordinates), weight sqrt(64 / H) writes the code itself;
 - final logit softcapping 30 (Gemma 4's value): monotone, so it keeps every choice; the
   winning logits (13 at most) stay where tanh is near-linear, and the margins the check prints
   are taken after it;
 - RoPE per layer type (rope_parameters): sliding layers theta 10000 (readout.THETA), the full
-  layer theta 1e6 (Gemma 4's global theta; its q and k are zero); one head_dim (64) on both
+  layer theta 1e6 (Gemma 4's global theta: its first-token profile is solved for it); one head_dim (64) on both
   layer types (head_dim = global_head_dim = swa_head_dim: one KV pool layout);
 - layer_scalar 1; no per-layer embeddings, KV sharing, MoE or k_eq_v.
 No EAGLE3 draft: sglang 0.5.11's Gemma4ForCausalLM captures no auxiliary hidden states.
@@ -40,15 +40,21 @@ import os
 from . import readout
 from .readout import H, HD, THETA, V, greedy, prompts  # noqa: F401 (greedy, prompts: the scenario's)
 
-NH, NKV, FF, L = 4, 2, 256, 4
+NH, NKV, FF, L = 8, 8, 256, 4
 WINDOW = 16
 LAYER_TYPES = ["sliding_attention"] * 3 + ["full_attention"]
+# (vote, read) per layer (readout.design_layer): sliding x 3, full
+LAYERS = (("A", "ramp"), ("B", "peak"), ("B", "peak"), ("C", "first"))
 GLOBAL_THETA = 1e6
 SOFTCAP = 30.0
 
 # What the selftest reads of a target (see gptoss): no EAGLE3 draft (above).
 TITLE, ARCHITECTURE, REFERENCE_CLASS = "Gemma 4", "Gemma4ForCausalLM", "Gemma4ForCausalLM"
 SIZE, LABEL, HAS_DRAFT = WINDOW, "window", False
+# The float32 greedy tokens of the first two prompts of seed 1 (readout.prompts(2, 60, 1)), 12
+# new ones: what the tests pin (a change of the design changes them).
+PINNED = [[1020, 1000, 1044, 1001, 1035, 1006, 1030, 1009, 1014, 1057, 1025, 1002],
+          [1047, 1035, 1046, 1032, 1000, 1033, 1017, 1046, 1046, 1026, 1026, 1045]]
 
 
 def config(window: int = WINDOW):
@@ -79,22 +85,19 @@ def weights(seed: int = 28) -> dict:
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    voc = readout.vocab(g)
+    voc = readout.vocab(g, LAYERS)
     sd = {"model.embed_tokens.weight": voc["emb"] / 16, "lm_head.weight": voc["head"], "model.norm.weight": torch.ones(H)}
     for i in range(L):
         p = f"model.layers.{i}."
-        if i < 2:
-            w = readout.deciding_layer(i, "ramp" if i == 0 else "peak", 0 if i == 0 else 1, NH, NKV, neox=True)
-            # readout's q and k (head 0, one column, without deciding_layer's residual-rms factor)
-            rq, rk = (float((w[n][0:HD, readout.CONST] / readout.RMS[i]).pow(2).mean().sqrt()) for n in "qk")
-            q_norm, k_norm = torch.full((HD,), rq / HD ** 0.5), torch.full((HD,), rk)  # q_norm(q).k_norm(k) = q.k / 8
-        else:
-            w = {"q": torch.zeros(NH * HD, H), "k": torch.zeros(NKV * HD, H), "v": torch.zeros(NKV * HD, H),
-                 "o": torch.zeros(H, NH * HD)}
-            q_norm, k_norm = torch.ones(HD), torch.ones(HD)
+        theta = GLOBAL_THETA if LAYER_TYPES[i] == "full_attention" else THETA
+        w = readout.design_layer(i, LAYERS, NH, NKV, neox=True, theta=theta)
+        rms = (readout.units(i, LAYERS) / H) ** 0.5
+        # readout's q and k (head 0, one column, without design_layer's residual-rms factor)
+        rq, rk = (float((w[n][0:HD, readout.CONST] / rms).pow(2).mean().sqrt()) for n in "qk")
+        q_norm, k_norm = torch.full((HD,), rq / HD ** 0.5), torch.full((HD,), rk)  # q_norm(q).k_norm(k) = q.k / 8
         sd.update({p + f"self_attn.{n}_proj.weight": w[n] for n in "qkvo"})
         sd.update({p + "self_attn.q_norm.weight": q_norm, p + "self_attn.k_norm.weight": k_norm,
-                   p + "input_layernorm.weight": torch.ones(H), p + "post_attention_layernorm.weight": torch.full((H,), 0.5),
+                   p + "input_layernorm.weight": torch.ones(H), p + "post_attention_layernorm.weight": torch.full((H,), (64 / H) ** 0.5),
                    p + "pre_feedforward_layernorm.weight": torch.ones(H),
                    p + "post_feedforward_layernorm.weight": torch.ones(H), p + "layer_scalar": torch.ones(1),
                    p + "mlp.gate_proj.weight": torch.randn(FF, H, generator=g) * 0.1,

@@ -4,14 +4,14 @@ from transformers' own GptOssForCausalLM (its sliding-window mask and sinks).
 
     python -m sglang_swa_plugin.selftest.targets.gptoss [--seeds 1,2,3]   # checks of the target (CPU)
 
-With an EAGLE3 draft with real weights (readout.eagle3_draft). The readout design of
-``readout``: layer 0 (sliding) attends the OLDEST key its window
-lets it see (a score that rises by 12 per position back), so the window's exact size decides a
-quarter of the next tokens: a window of 15 or 17 instead of 16 changes most requests, and a
-backend that keeps one key more or less than the model defines gives other tokens. Layer 1
-(full) attends the previous token; layers 2 and 3 add nothing; every expert's down projection
-and every bias is zero; the sinks are -1000 (no weight next to scores of this size).
-transformers' GPT-OSS keeps the keys at distance 0 .. window - 1 (window keys).
+With an EAGLE3 draft with real weights (readout.design_draft). The every-layer design of
+``readout`` (LAYERS): layer 0 (sliding) attends the OLDEST key its window lets it see (vote A:
+a window of 15 or 17 instead of 16 changes most requests) and, on half of its heads, the key
+the next position's oldest read will be (the draft's lookahead); layer 2 (sliding) the previous
+token (B); layers 1 and 3 (full) the first token (C, half the weight each). 8 query heads, 8 KV
+heads, each head writing its own slice of the code. Every expert's down projection and every
+bias is zero; the sinks are -1000 (no weight next to scores of this size). transformers'
+GPT-OSS keeps the keys at distance 0 .. window - 1 (window keys).
 """
 
 from __future__ import annotations
@@ -21,15 +21,21 @@ import os
 from . import readout
 from .readout import H, HD, THETA, V, greedy, prompts  # noqa: F401 (greedy, prompts: the scenario's)
 
-NH, NKV, FF, L, E = 4, 2, 256, 4, 4
+NH, NKV, FF, L, E = 8, 8, 256, 4, 4
 WINDOW = 16
 SINK = -1000.0
+# (vote, read) per layer (readout.design_layer): sliding, full, sliding, full
+LAYERS = (("A", f"ramp/look{WINDOW - 2}"), ("C", "first"), ("B", "peak"), ("C", "first"))
 
 # What the selftest reads of a target: its name, the model class sglang serves and the
 # transformers class of the reference, the size whose exact value decides the tokens, and
 # whether it has an EAGLE3 draft.
 TITLE, ARCHITECTURE, REFERENCE_CLASS = "GPT-OSS", "GptOssForCausalLM", "GptOssForCausalLM"
 SIZE, LABEL, HAS_DRAFT = WINDOW, "window", True
+# The float32 greedy tokens of the first two prompts of seed 1 (readout.prompts(2, 60, 1)), 12
+# new ones: what the tests pin (a change of the design changes them).
+PINNED = [[1009, 1035, 1037, 1006, 1028, 1061, 1024, 1004, 1012, 1008, 1014, 1039],
+          [1019, 1049, 1020, 1055, 1011, 1023, 1014, 1017, 1050, 1056, 1032, 1046]]
 
 
 def config(window: int = WINDOW):
@@ -47,9 +53,12 @@ def config(window: int = WINDOW):
     return cfg
 
 
-def weights(seed: int = 27, draft: bool = False) -> dict:
+def weights(seed: int = 27, draft: bool = False, layers=LAYERS) -> dict:
     """Float32 state dict of transformers' GptOssForCausalLM (the served weights before bf16);
-    ``draft``: also its EAGLE3 draft's weights (readout.eagle3_draft), as (target, draft)."""
+    ``draft``: also its EAGLE3 draft's weights (readout.design_draft), as (target, draft).
+    ``layers``: another (vote, read) per layer, or None: the two-vote design this target had
+    before (layer 0 the oldest key, layer 1 the previous token, layers 2-3 nothing), which the
+    checks' tests keep as a target blind to some checks."""
     import torch
 
     readout.hide_broken_torchvision()
@@ -58,12 +67,15 @@ def weights(seed: int = 27, draft: bool = False) -> dict:
     torch.manual_seed(seed)
     sd = {k: v.float().clone() for k, v in GptOssForCausalLM(config()).state_dict().items()}
     g = torch.Generator().manual_seed(seed)
-    voc = readout.vocab(g)
+    voc = readout.vocab(g, layers)
     sd.update({"model.embed_tokens.weight": voc["emb"], "lm_head.weight": voc["head"], "model.norm.weight": torch.ones(H)})
     for i in range(L):
         p = f"model.layers.{i}."
-        w = (readout.deciding_layer(i, "ramp" if i == 0 else "peak", 0 if i == 0 else 1, NH, NKV, neox=True)
-             if i < 2 else {n: torch.zeros_like(sd[p + f"self_attn.{n}_proj.weight"]) for n in "qkvo"})
+        if layers is None:
+            w = (readout.deciding_layer(i, "ramp" if i == 0 else "peak", 0 if i == 0 else 1, NH, NKV, neox=True)
+                 if i < 2 else {n: torch.zeros_like(sd[p + f"self_attn.{n}_proj.weight"]) for n in "qkvo"})
+        else:
+            w = readout.design_layer(i, layers, NH, NKV, neox=True)
         for n in "qkvo":
             sd[p + f"self_attn.{n}_proj.weight"] = w[n]
             sd[p + f"self_attn.{n}_proj.bias"].zero_()
@@ -72,7 +84,7 @@ def weights(seed: int = 27, draft: bool = False) -> dict:
         sd[p + "mlp.experts.down_proj_bias"].zero_()
         sd[p + "input_layernorm.weight"].fill_(1)
         sd[p + "post_attention_layernorm.weight"].fill_(1)
-    return (sd, readout.eagle3_draft(voc, g, FF, NH, NKV)) if draft else sd
+    return (sd, readout.design_draft(voc, g, FF)) if draft else sd
 
 
 def save(root: str, seed: int = 27) -> tuple:
@@ -87,12 +99,12 @@ def save(root: str, seed: int = 27) -> tuple:
     model = GptOssForCausalLM(config())
     model.load_state_dict(sd)
     model.to(torch.bfloat16).save_pretrained(target, safe_serialization=True)
-    return target, readout.save_draft(root, draft, FF, NH, NKV)
+    return target, readout.save_draft(root, draft, FF, readout.DRAFT_HEADS, readout.DRAFT_HEADS)
 
 
-def hf_model(window: int = WINDOW, dtype=None, seed: int = 27):
+def hf_model(window: int = WINDOW, dtype=None, seed: int = 27, layers=LAYERS):
     """transformers' GptOssForCausalLM with the served (bf16-rounded) weights, float32 by
-    default, eager attention (its sliding-window mask and sinks)."""
+    default, eager attention (its sliding-window mask and sinks); ``layers``: as ``weights``."""
     import torch
 
     readout.hide_broken_torchvision()
@@ -101,7 +113,7 @@ def hf_model(window: int = WINDOW, dtype=None, seed: int = 27):
     cfg = config(window)
     cfg._attn_implementation = "eager"
     model = GptOssForCausalLM(cfg).eval()
-    model.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in weights(seed).items()})
+    model.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in weights(seed, layers=layers).items()})
     return model.to(dtype or torch.float32)
 
 

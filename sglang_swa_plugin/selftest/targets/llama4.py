@@ -5,27 +5,16 @@ EAGLE3 draft with real weights that the target accepts.
     python -m sglang_swa_plugin.selftest.targets.llama4 [--seeds 1,2,3]   # checks of the target (CPU)
 
 Target (``Llama4ForConditionalGeneration``, text only; layers 0-2 chunked with RoPE, layer 3
-global NoPE, as sglang's Llama 4 fixes it). Every token belongs to one of 64 classes; its
-embedding is the class's Hadamard code (+-1) on coordinates 0-63 and 1 on 64-71. q and k read
-only coordinate 64 (constant after the input norm, whose scale is known at each layer), so every
-score is a fixed function of the distance delta = query position - key position, set by RoPE:
-- layer 0 ("A"): the score RISES with delta by at least ``STEP`` per position over 0..40, so it
-  attends the oldest key it may see: the first token of its chunk. Its output writes that
-  token's code on coordinates 128-191.
-- layer 1 ("B"): the score peaks at delta 1 (``PEAK`` above any other key up to 300 back):
-  it attends the previous token (itself at a chunk's first position) and writes its code on
-  192-255.
-- layers 2 and 3 add nothing; every MLP's down projection is zero.
-The next token is 1000 + k for the class k with the larger vote s_k * w (w = 0.8 for A's class
-X, 1.0 for B's class Y; s_k in {0.675, 1}): X wins when s_X = 1 and s_Y = 0.675, Y otherwise
-(equal classes add up). The logit margin between the two is at least 12 % of the winning
-logit, and every attention is one-hot with a score gap of at least ``STEP``: bf16 cannot flip
-a choice (``check`` prints the smallest margins). The chunk start decides a quarter of the
-choices, so a chunk size changed by one changes most requests (printed by ``check``). Token
-1000 + k has class PERM[k], so generated text walks a permutation instead of collapsing.
+global NoPE, as sglang's Llama 4 fixes it), the every-layer design of ``readout`` (LAYERS):
+layer 0 attends the OLDEST key its chunk allows (its chunk's first token: vote A, half the
+weight) and copies that token's id bits; layer 3 (global, no RoPE: it can only read by
+content) attends the key whose id bits are those (the same token: A's other half, which a
+global layer reading another request's keys loses); layers 1 and 2 the previous token (B, half
+each). 8 query heads, 8 KV heads. A chunk size changed by one changes most requests.
 
-Draft (``LlamaForCausalLMEagle3``, one layer, Llama's neox RoPE): ``fc`` copies A's vote from
-the target's captured hidden state after layer 0 at half weight; its attention (over its own
+Draft (``LlamaForCausalLMEagle3``, one layer, Llama's neox RoPE; readout.design_draft): its
+first step takes A from the target's layer 0 (the chunk start: the next position's too, but at
+a chunk boundary), its next steps vote B only; as the two-vote draft before it: its attention (over its own
 cache, which holds the next token's embedding at each position) has one KV group attending
 the most recent key other than itself (delta 1, else 2: sglang's draft extend puts token
 t_{j+1} at position j, its multi-step draft decode puts t_k at position k, so the first decode
@@ -43,14 +32,20 @@ import os
 from . import readout
 from .readout import H, HD, THETA, V, greedy, prompts  # noqa: F401 (greedy, prompts: the scenario's)
 
-NH, NKV, FF, L = 4, 2, 512, 4
+NH, NKV, FF, L = 8, 8, 512, 4
 CHUNK = 32
 B_DELTA = 1
+# (vote, read) per layer (readout.design_layer): chunked x 3 with RoPE, global NoPE
+LAYERS = (("A", "ramp"), ("B", "peak"), ("B", "peak"), ("A", "lookup"))
 
 # What the selftest reads of a target (see gptoss): sglang serves the multimodal class (text
 # only), the reference is transformers' text model.
 TITLE, ARCHITECTURE, REFERENCE_CLASS = "Llama 4", "Llama4ForConditionalGeneration", "Llama4ForCausalLM"
 SIZE, LABEL, HAS_DRAFT = CHUNK, "chunk", True
+# The float32 greedy tokens of the first two prompts of seed 1 (readout.prompts(2, 60, 1)), 12
+# new ones: what the tests pin (a change of the design changes them).
+PINNED = [[1014, 1033, 1029, 1049, 1018, 1030, 1030, 1034, 1034, 1060, 1060, 1011],
+          [1034, 1034, 1034, 1034, 1034, 1060, 1060, 1060, 1060, 1060, 1060, 1060]]
 # trtllm_mha's pages (sglang's choice: 64) do not tile the chunk of 32; the plugin's
 # trtllm_local_attn runs a chunked layer from its chunk's first page, so it covers pages that
 # tile the chunk, as every page size tiles Llama 4's own 8192. Its rows run pages of 32.
@@ -63,21 +58,17 @@ def weights(seed: int = 26) -> dict:
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    voc = readout.vocab(g)
+    voc = readout.vocab(g, LAYERS)
     sd = {"model.embed_tokens.weight": voc["emb"], "lm_head.weight": voc["head"], "model.norm.weight": torch.ones(H)}
     for i in range(L):
         p = f"model.layers.{i}."
-        if i < 2:
-            w = readout.deciding_layer(i, "ramp" if i == 0 else "peak", 0 if i == 0 else B_DELTA, NH, NKV, neox=False)
-        else:
-            w = {"q": torch.zeros(NH * HD, H), "k": torch.zeros(NKV * HD, H), "v": torch.zeros(NKV * HD, H),
-                 "o": torch.zeros(H, NH * HD)}
+        w = readout.design_layer(i, LAYERS, NH, NKV, neox=False)
         sd.update({p + f"self_attn.{n}_proj.weight": w[n] for n in "qkvo"})
         sd.update({p + "input_layernorm.weight": torch.ones(H), p + "post_attention_layernorm.weight": torch.ones(H),
                    p + "feed_forward.gate_proj.weight": torch.randn(FF, H, generator=g) * 0.1,
                    p + "feed_forward.up_proj.weight": torch.randn(FF, H, generator=g) * 0.1,
                    p + "feed_forward.down_proj.weight": torch.zeros(H, FF)})
-    draft = readout.eagle3_draft(voc, g, FF, NH, NKV)
+    draft = readout.design_draft(voc, g, FF)
     return {"target": sd, "draft": draft, **voc}
 
 
@@ -116,7 +107,7 @@ def save(root: str, chunk: int = CHUNK, seed: int = 26) -> tuple:
         json.dump({}, f)
     bf = lambda t: t.to(torch.bfloat16).contiguous()
     save_file({"language_model." + k: bf(v) for k, v in w["target"].items()}, os.path.join(target, "model.safetensors"))
-    draft = readout.save_draft(root, w["draft"], FF, NH, NKV)
+    draft = readout.save_draft(root, w["draft"], FF, readout.DRAFT_HEADS, readout.DRAFT_HEADS)
     return target, draft
 
 

@@ -7,9 +7,11 @@ target's token after next, so that speculative decoding (sglang's ``MiMoV2MTP``)
     python -m sglang_swa_plugin.selftest.targets.mimo_v2 [--seeds 1,2,3]      # checks (CPU)
     python -m sglang_swa_plugin.selftest.targets.mimo_v2 --write-reference FILE --seeds 81,82,83
 
-The readout design of ``readout``: layer 0 (sliding) attends the OLDEST key its window lets it
-see, so the window's exact size decides a quarter of the next tokens; layer 1 (full) attends the
-previous token; layers 2 and 3 add nothing; every MLP's down projection is zero.
+The every-layer design of ``readout`` (LAYERS): layer 0 (sliding) attends the OLDEST key its
+window lets it see (vote A: the window's exact size decides half of the next tokens); layer 2
+(sliding) the previous token (B); layers 1 and 3 (full) the first token (C, half each); 16
+query heads, 8 KV heads on full layers and 16 on sliding ones; every MLP's down projection is
+zero.
 transformers' MiMo-V2 keeps the keys at distance 0 .. sliding_window - 1 (window keys).
 
 What MiMo-V2 adds, read from transformers 5.19 (models/mimo_v2_flash) and sglang 0.5.23
@@ -23,7 +25,7 @@ What MiMo-V2 adds, read from transformers 5.19 (models/mimo_v2_flash) and sglang
 - RoPE per layer type (transformers' ``rope_parameters``, sglang's ``rope_theta`` and
   ``swa_rope_theta``): both theta 10000 (readout.THETA), as readout's profiles are solved for;
 - sliding layers have twice the full layers' KV heads (transformers derives it; sglang reads
-  ``swa_num_key_value_heads``): full 1, sliding 2 (4 query heads);
+  ``swa_num_key_value_heads``): full 8, sliding 16 (16 query heads);
 - values are multiplied by ``attention_value_scale`` (0.707, MiMo's): o divides by it;
 - sinks on every sliding layer in transformers: -1000 (no weight); sglang's config turns
   them off (``add_swa_attention_sink_bias`` false), the checkpoint carries none;
@@ -38,11 +40,11 @@ the MTP step k reads token t_{j+k+1} and must give t_{j+k+2}, which the target t
 classes of t_{j+k+2-W} (oldest key of its window) and t_{j+k} (previous token). In the MTP's
 own cache position i holds t_{i+k+1}: t_{j+k+2-W} is again the OLDEST key of a window of W
 keys, t_{j+k} the previous position. So eh_proj passes the embedding (the hidden state is not
-needed: sglang's multi-layer MTP gives every step the target's hidden state of position j), KV
-group 0 attends by readout's ramp and writes its code on PA, KV group 1 by readout's "recent"
-profile (delta 1, else 2: a draft decode step may sit one position further) on PB, and the
-residual leaving the layer has the target's final residual's layout, so the target's lm_head
-gives the target's votes.
+needed but for C: sglang's multi-layer MTP gives every step the target's hidden state of
+position j, whose first-token votes eh_proj passes on), the first half of the KV groups attends
+by readout's ramp and writes A, the second half by readout's "recent" profile (delta 1, else 2:
+a draft decode step may sit one position further) writes B, and the residual leaving the layer
+has the target's final residual's layout, so the target's lm_head gives the target's votes.
 """
 
 from __future__ import annotations
@@ -54,10 +56,12 @@ import os
 from . import readout
 from .readout import CONST, H, HD, THETA, V, greedy, prompts  # noqa: F401 (greedy, prompts: the scenario's)
 
-NH, NKV, NKV_SWA, FF, L = 4, 1, 2, 256, 4
+NH, NKV, NKV_SWA, FF, L = 16, 8, 16, 256, 4
 HEAD_DIM, V_HEAD_DIM, ROTARY = 192, 128, 0.334  # MiMo-V2-Flash's head dims and partial RoPE
 WINDOW = 16
 LAYER_TYPES = ["sliding_attention", "full_attention"] * 2
+# (vote, read) per layer (readout.design_layer): sliding, full, sliding, full
+LAYERS = (("A", "ramp"), ("C", "first"), ("B", "peak"), ("C", "first"))
 V_SCALE = 0.707
 SINK = -1000.0
 EPS = 1e-5
@@ -72,6 +76,10 @@ SEED = 29
 TITLE, ARCHITECTURE, REFERENCE_CLASS = "MiMo-V2", "MiMoV2FlashForCausalLM", "MiMoV2FlashForCausalLM"
 SIZE, LABEL, HAS_DRAFT, HAS_MTP = WINDOW, "window", False, True
 DRAFT_KIND, SERVER_ARGS, OWN_FORWARD = "mtp", ("--trust-remote-code",), True
+# The float32 greedy tokens of the first two prompts of seed 1 (readout.prompts(2, 60, 1)), 12
+# new ones: what the tests pin (a change of the design changes them).
+PINNED = [[1037, 1041, 1001, 1053, 1004, 1058, 1056, 1003, 1028, 1058, 1048, 1003],
+          [1010, 1045, 1028, 1010, 1010, 1027, 1027, 1018, 1033, 1003, 1010, 1063]]
 
 CONFIG_PY = '''from transformers import PretrainedConfig
 
@@ -127,15 +135,16 @@ def sglang_config(window: int = WINDOW) -> dict:
     )
 
 
-def _attention(w: dict, nkv: int) -> dict:
+def _attention(w: dict, nkv: int, nh: int = None) -> dict:
     """readout's q, k, v, o (64-dim heads) laid out in MiMo-V2's heads: q/k in the first 64 of
     HEAD_DIM dims (q times sqrt(HEAD_DIM / 64) against the 1/sqrt(HEAD_DIM) scaling), v in the
     first 64 of V_HEAD_DIM, o reading them and dividing by the value scale."""
     import torch
 
-    q, k = torch.zeros(NH * HEAD_DIM, H), torch.zeros(nkv * HEAD_DIM, H)
-    v, o = torch.zeros(nkv * V_HEAD_DIM, H), torch.zeros(H, NH * V_HEAD_DIM)
-    for h in range(NH):
+    nh = nh or NH
+    q, k = torch.zeros(nh * HEAD_DIM, H), torch.zeros(nkv * HEAD_DIM, H)
+    v, o = torch.zeros(nkv * V_HEAD_DIM, H), torch.zeros(H, nh * V_HEAD_DIM)
+    for h in range(nh):
         q[h * HEAD_DIM:h * HEAD_DIM + HD] = w["q"][h * HD:(h + 1) * HD] * math.sqrt(HEAD_DIM / HD)
         o[:, h * V_HEAD_DIM:h * V_HEAD_DIM + HD] = w["o"][:, h * HD:(h + 1) * HD] / V_SCALE
     for g in range(nkv):
@@ -145,11 +154,12 @@ def _attention(w: dict, nkv: int) -> dict:
 
 
 def _mtp_attention() -> dict:
-    """The MTP layer's attention (readout's 64-dim heads, NKV_SWA groups): its input is the
+    """The two-vote design's MTP attention (4 heads, 2 KV groups; other targets reuse it) ...
+    The MTP layer's attention (readout's 64-dim heads, NKV_SWA groups): its input is the
     embedding (residual rms readout.RMS[0]); group 0 (heads 0, 1) attends the oldest key of the
     window and writes PA, group 1 (heads 2, 3) the previous position ("recent") and writes PB."""
-    a = readout.deciding_layer(0, "ramp", 0, NH, NKV_SWA, neox=True)
-    b = readout.deciding_layer(1, "recent", 0, NH, NKV_SWA, neox=True)
+    a = readout.deciding_layer(0, "ramp", 0, 4, 2, neox=True)
+    b = readout.deciding_layer(1, "recent", 0, 4, 2, neox=True)
     f = readout.RMS[0] / readout.RMS[1]  # b was made for a residual of rms RMS[1]
     hq, gk = 2 * HD, HD  # head 2 and KV group 1 take b's head 0 and group 0
     a["q"][hq:hq + HD] = b["q"][0:HD] * f
@@ -159,6 +169,21 @@ def _mtp_attention() -> dict:
     return a
 
 
+def _mtp_design_attention() -> dict:
+    """The MTP layer's attention (readout's 64-dim heads, NH heads, NKV_SWA groups): its input
+    is the embedding and the target's first-token votes (``units`` of the target's layer 2);
+    groups (and heads) of the first half attend the oldest key of the window and write layer 0's
+    area (A), the second half the previous position ("recent") and write layer 2's (B)."""
+    import torch
+
+    half_h, half_g = NH // 2, NKV_SWA // 2
+    a = readout.design_layer(0, (("A", "ramp"),), half_h, half_g, neox=True)
+    b = readout.design_layer(2, (LAYERS[0], LAYERS[1], ("B", "recent")), half_h, half_g, neox=True)
+    f = (readout.units(2, LAYERS) / readout.units(0, LAYERS)) ** 0.5  # a was made for the embedding alone
+    return {"q": torch.cat([a["q"] * f, b["q"]]), "k": torch.cat([a["k"] * f, b["k"]]),
+            "v": torch.cat([a["v"], b["v"]]), "o": torch.cat([a["o"] * f, b["o"]], 1)}
+
+
 def weights(seed: int = SEED, draft: bool = False) -> dict:
     """Float32 state dict of transformers' MiMoV2FlashForCausalLM (the served weights before
     bf16); ``draft``: also the MTP layers' weights under sglang's checkpoint names
@@ -166,17 +191,12 @@ def weights(seed: int = SEED, draft: bool = False) -> dict:
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    voc = readout.vocab(g)
+    voc = readout.vocab(g, LAYERS)
     sd = {"model.embed_tokens.weight": voc["emb"], "lm_head.weight": voc["head"], "model.norm.weight": torch.ones(H)}
     for i, kind in enumerate(LAYER_TYPES):
         p = f"model.layers.{i}."
         nkv = NKV_SWA if kind == "sliding_attention" else NKV
-        if i < 2:
-            w = _attention(readout.deciding_layer(i, "ramp" if i == 0 else "peak", 0 if i == 0 else 1, NH, nkv,
-                                                  neox=True), nkv)
-        else:
-            w = {"q": torch.zeros(NH * HEAD_DIM, H), "k": torch.zeros(nkv * HEAD_DIM, H),
-                 "v": torch.zeros(nkv * V_HEAD_DIM, H), "o": torch.zeros(H, NH * V_HEAD_DIM)}
+        w = _attention(readout.design_layer(i, LAYERS, NH, nkv, neox=True), nkv)
         sd.update({p + f"self_attn.{n}_proj.weight": w[n] for n in "qkvo"})
         if kind == "sliding_attention":
             sd[p + "self_attn.sinks"] = torch.full((NH,), SINK)
@@ -186,9 +206,13 @@ def weights(seed: int = SEED, draft: bool = False) -> dict:
                    p + "mlp.down_proj.weight": torch.zeros(H, FF)})
     if not draft:
         return sd
-    att = _attention(_mtp_attention(), NKV_SWA)
+    att = _attention(_mtp_design_attention(), NKV_SWA)
     eh = torch.zeros(H, 2 * H)
-    eh[0:CONST + 8, 0:CONST + 8] = torch.eye(CONST + 8) * readout.RMS[0]  # the embedding, as it is
+    eh[0:CONST + 8, 0:CONST + 8] = torch.eye(CONST + 8) * (readout.units(0, LAYERS) / H) ** 0.5  # the embedding
+    for i, (_, read) in enumerate(LAYERS):  # the target's first-token votes, from its hidden state
+        if read == "first":
+            c = readout.area(i)
+            eh[c, H + c.start:H + c.stop] = torch.eye(HD) * (readout.units(L, LAYERS) / H) ** 0.5
     one = {"enorm.weight": torch.ones(H), "hnorm.weight": torch.ones(H), "eh_proj.weight": eh,
            "final_layernorm.weight": torch.ones(H), "input_layernorm.weight": torch.ones(H),
            "post_attention_layernorm.weight": torch.ones(H),
@@ -254,17 +278,19 @@ def _rms(x, w):
     return x * (x.pow(2).mean(-1, keepdim=True) + EPS).rsqrt() * w
 
 
-def _layer(sd: dict, p: str, x, window, nkv: int, sink: bool):
+def _layer(sd: dict, p: str, x, window, nkv: int, sink: bool, kv_hook=None):
     """One MiMo-V2 decoder layer in x's dtype (x: [B, T, H], positions 0 .. T-1): RMSNorm, q/k/v,
     partial neox RoPE on the first 64 dims, v times the value scale, GQA with a causal mask of
-    ``window`` keys (None: all), the optional sink, o; then the dense MLP."""
+    ``window`` keys (None: all), the optional sink, o; then the dense MLP. ``kv_hook(out)``:
+    applied to the key and the value projections (readout.kv_perturbed)."""
     import torch
 
     b, t, _ = x.shape
+    hook = kv_hook or (lambda out: out)
     a = _rms(x, sd[p + "input_layernorm.weight"])
     q = (a @ sd[p + "self_attn.q_proj.weight"].T).view(b, t, NH, HEAD_DIM).transpose(1, 2)
-    k = (a @ sd[p + "self_attn.k_proj.weight"].T).view(b, t, nkv, HEAD_DIM).transpose(1, 2)
-    v = (a @ sd[p + "self_attn.v_proj.weight"].T).view(b, t, nkv, V_HEAD_DIM).transpose(1, 2) * V_SCALE
+    k = hook(a @ sd[p + "self_attn.k_proj.weight"].T).view(b, t, nkv, HEAD_DIM).transpose(1, 2)
+    v = hook(a @ sd[p + "self_attn.v_proj.weight"].T).view(b, t, nkv, V_HEAD_DIM).transpose(1, 2) * V_SCALE
     rot = int(HEAD_DIM * ROTARY)
     inv = 1.0 / THETA ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot)
     ang = torch.arange(t, dtype=torch.float32)[:, None] * inv
@@ -290,15 +316,18 @@ def _layer(sd: dict, p: str, x, window, nkv: int, sink: bool):
     return x + act @ sd[p + "mlp.down_proj.weight"].T
 
 
-def forward32(sd: dict, ids, window: int = WINDOW) -> tuple:
+def forward32(sd: dict, ids, window: int = WINDOW, kv_hook=None) -> tuple:
     """The target's float32 forward of token ids [B, T] (transformers' MiMoV2Flash computation):
-    (logits, hidden states before the final norm: what sglang hands its MTP)."""
+    (logits, hidden states before the final norm: what sglang hands its MTP). ``kv_hook(layer,
+    out)``: applied to every layer's key and value projections (readout.kv_perturbed)."""
     import torch
 
     x = sd["model.embed_tokens.weight"][torch.as_tensor(ids)]
     for i, kind in enumerate(LAYER_TYPES):
         swa = kind == "sliding_attention"
-        x = _layer(sd, f"model.layers.{i}.", x, window if swa else None, NKV_SWA if swa else NKV, sink=swa)
+        hook = (lambda out, i=i: kv_hook(i, out)) if kv_hook else None
+        x = _layer(sd, f"model.layers.{i}.", x, window if swa else None, NKV_SWA if swa else NKV, sink=swa,
+                   kv_hook=hook)
     return _rms(x, sd["model.norm.weight"]) @ sd["lm_head.weight"].T, x
 
 
@@ -327,12 +356,15 @@ class _Emulated:
     dtype of ``sd``'s tensors."""
 
     def __init__(self, sd: dict, window: int):
-        self.sd, self.window = sd, window
+        from types import SimpleNamespace
+
+        self.sd, self.window, self.kv_hook = sd, window, None
+        self.config = SimpleNamespace(layer_types=list(LAYER_TYPES))
 
     def __call__(self, input_ids):
         from types import SimpleNamespace
 
-        return SimpleNamespace(logits=forward32(self.sd, input_ids, self.window)[0])
+        return SimpleNamespace(logits=forward32(self.sd, input_ids, self.window, self.kv_hook)[0])
 
     def state_dict(self) -> dict:
         return dict(self.sd)

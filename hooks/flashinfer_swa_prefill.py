@@ -4,8 +4,7 @@ Bug
     and, without a cached prefix, run without it: sliding layers attend the whole prompt
     (requests wrong from the first token). With a cached prefix the sliding paged part reads
     keys up to the sequence's end, unwritten yet, unmasked (#26513, 0.5.10-0.5.12). Paged-only
-    prefill (piecewise CUDA graphs) plans the sliding wrapper without the window (#31501,
-    0.5.10-0.5.15).
+    prefill (piecewise CUDA graphs) plans it without the window (#31501, 0.5.10-0.5.15).
     Fix: a ragged twin planned with the window runs the sliding layers; the paged sliding plan
     gets the window, and with a cached prefix the prefix's last window keys and a mask (#26513).
 Upstream PRs
@@ -15,7 +14,8 @@ Affected versions
 Detection
     Structural: ``forward_extend`` runs ``prefill_wrapper_ragged`` without ``window_left``: needed;
     the window plan passes no ``window_left`` (paged part) / has no ``if use_ragged`` branch
-    (prefix part). No ragged wrapper: not applicable; anything else: unknown.
+    (prefix part). No flashinfer backend: not applicable; no ragged wrapper: target moved;
+    anything else: unknown.
 Delete when
     sglang plans and runs the sliding layers' ragged prefill with the window.
 """

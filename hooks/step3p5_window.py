@@ -26,7 +26,7 @@ import ast
 import functools
 from typing import Optional
 
-from sglang_swa_plugin.fix import Detection, Fix, argument, around, hookimpl, with_argument
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl, with_argument
 from sglang_swa_plugin.probe import module_tree
 
 NAME = "step3p5_window"
@@ -81,8 +81,12 @@ def classify() -> Detection:
         return Detection.unknown("Step3p5DecoderLayer's window is not config.sliding_window")
     hooks = [around(LAYER, _layer_window), around(MODELS[0], _runner_window)]
     for module, target in ((MTP_MODULE, MODELS[1]), (VL_MODULE, MODELS[2])):
-        if _class(module_tree(module), target.split(".")[-2]) is not None:
-            hooks.append(around(target, _runner_window))
+        tree = module_tree(module)
+        if tree is None:
+            continue  # this sglang has no such model (Step3.7: 0.5.13+)
+        if _class(tree, target.split(".")[-2]) is None:
+            raise TargetMissing(target, f"{module} no longer defines it")
+        hooks.append(around(target, _runner_window))
     return Detection.needed("Step3.5's sliding layers get config.sliding_window: one key more than the model", *hooks)
 
 

@@ -12,7 +12,8 @@ Affected versions
     Status by release: not applicable 0.5.10; applied 0.5.11; not needed 0.5.12; not applicable 0.5.13+.
 Detection
     Text of ``populate_from_forward_batch``: copies into ``out_cache_loc_swa`` and never
-    clears it: needed; clears it: not needed; no such buffer: not applicable.
+    clears it: needed; clears it: not needed. No ``out_cache_loc_swa`` in the forward batch or
+    the buffers: not applicable (0.5.10, 0.5.13+); the buffers' method gone: target moved.
 Delete when
     The oldest supported sglang is 0.5.12 or later.
 """

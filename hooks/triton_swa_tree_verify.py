@@ -4,10 +4,10 @@ Bug
     drafts sit at ``L + depth``: a draft whose row is past its depth loses its window's oldest
     keys. Deterministic inference's unified kernel does so too, and reads sglang's mask (rows of
     ``L + n``) as rows of the window's keys: past the window, a chain's drafts (topk 1) attend
-    later drafts. Through sglang's kernels (CPU) those rows differ from the model; on an H200
-    (MiMo-V2 NEXTN topk 2) requests' tokens differ from the model's. Fix: a tree's verify (and,
-    a preview on 0.5.12+, any deterministic one) reads the last ``min(L, window)`` keys (SWA ids)
-    under sglang's mask re-laid with each draft's window, the kernel's row window off.
+    later drafts. Either gives wrong tokens (trees: GPT-OSS EAGLE3, MiMo-V2 NEXTN).
+    Fix: a tree's verify (and, a preview on 0.5.12+, any deterministic one) reads the last
+    ``min(L, window)`` keys (SWA ids) under sglang's mask re-laid with each draft's window, the
+    kernel's row window off.
 Upstream PRs
     #39287 (open): window bounds from each draft's position; the deterministic path's mask re-laid.
 Affected versions

@@ -82,3 +82,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for nodeid, _ in bad:
         spec = expected_skips.spec_for(nodeid)
         terminalreporter.line(f'    "{expected_skips.base(nodeid)}": "{spec + ", " if spec else ""}{where}",')
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module's tests: the test workers share the cores (several threads
+    each would spin against each other); the count before is restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -24,13 +24,8 @@ N, LENGTH, NEW = 4, 48, 12  # a few short prompts: the whole file in seconds
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_torch_thread):
+    """One torch thread for this file's tests (conftest's one_torch_thread)."""
 
 
 @pytest.fixture(scope="module")

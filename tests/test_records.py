@@ -192,6 +192,16 @@ def test_records_cite_no_line_numbers():
     assert not any(cited.values()), cited
 
 
+def test_records_carry_no_measurements():
+    """A record says what and why; figures (GPU runs, request counts, timings) go to
+    tests/gpu/RESULTS.md."""
+    hooks = Path(importlib.import_module("sglang_swa_plugin.hooks").__file__).parent
+    pattern = r"\bH[12]00\b|\b\d+/\d{2,}\b|\b\d+ of \d+\b|\baccept \d|\d ?(?:µs|ms)\b"
+    found = {p.name: re.findall(pattern, p.read_text().split('"""')[1])
+             for p in hooks.glob("*.py") if p.read_text().startswith('"""')}
+    assert not any(found.values()), found
+
+
 if __name__ == "__main__":  # print the upstream and release cells README's table must carry
     for mod in BUILTIN_MODULES:
         print(mod.rsplit(".", 1)[1], "|", upstream_cell(mod), "|", " | ".join(rendered_cells(mod).values()))

@@ -57,15 +57,8 @@ def _target(name: str):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """One torch thread: the test workers share the cores (several threads each would spin
-    against each other)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_torch_thread):
+    """One torch thread for this file's tests (conftest's one_torch_thread)."""
 
 
 @pytest.fixture(scope="module")

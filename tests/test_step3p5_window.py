@@ -129,3 +129,18 @@ def test_detection_of_other_forms():
     method = "\nclass M:\n    def get_attention_sliding_window_size(self):\n        return 1\n"
     assert decided(layer.format(value="config.sliding_window") + method) is Verdict.NOT_NEEDED
     assert decided("class Step3p5DecoderLayer:\n    pass\n") is Verdict.UNKNOWN
+
+
+def test_an_mtp_module_without_its_model_is_target_moved():
+    """The MTP module is there but its model class is gone (renamed upstream): the fix is
+    skipped naming it ("target moved"), never installed without the draft's hook."""
+    from sglang_swa_plugin.core import safe_detect
+    from sglang_swa_plugin.probe import swapped
+
+    layer = ("class Step3p5DecoderLayer:\n    def __init__(self, config):\n"
+             "        self.sliding_window = config.sliding_window\n"
+             "        self.self_attn = Step3p5Attention(sliding_window_size=self.sliding_window)\n")
+    trees = {sw.MODULE: layer, sw.MTP_MODULE: "class Step3p5RenamedMTP:\n    pass\n"}
+    with swapped(sw, "module_tree", lambda name: ast.parse(trees[name]) if name in trees else None):
+        det = safe_detect(FIX)
+    assert det.verdict is Verdict.TARGET_MOVED and "Step3p5MTP" in det.reason, det

@@ -24,13 +24,8 @@ PIN = dict(n=2, length=60, max_new=12)  # the pins: the first two prompts of see
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_torch_thread):
+    """One torch thread for this file's tests (conftest's one_torch_thread)."""
 
 
 def _target(name: str):

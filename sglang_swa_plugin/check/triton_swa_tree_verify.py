@@ -164,11 +164,11 @@ def _wrong_drafts(env, parent, unified: bool) -> "list | None":
 
 
 def scenario() -> Outcome:
-    """The keys and drafts each draft attends in a sliding-window layer's Triton verify call, against
-    the model's window at the draft's position, on a real TritonAttnBackend over a real SWAKVPool
-    whose index spaces differ: an EAGLE tree's (``wrong_drafts``: the drafts that attend otherwise),
-    and, the fix's deterministic preview on, under deterministic inference a tree's and a chain's
-    (``deterministic``: the tree's and the chain's wrong drafts)."""
+    """The keys and drafts each draft attends in a sliding-window layer's Triton verify call,
+    against the model's window at the draft's position, on a real TritonAttnBackend over a real
+    SWAKVPool whose index spaces differ. Checked: an EAGLE tree's verify (``wrong_drafts``: the
+    drafts that attend otherwise) and, with the fix's deterministic preview on, a tree's and a
+    chain's verify under deterministic inference (``deterministic``: their wrong drafts)."""
     from sglang_swa_plugin.fix import ScenarioUnavailable
     from sglang_swa_plugin.probe import optional_module
 

@@ -409,26 +409,10 @@ def reference(seeds, n: int = 32, length: int = 130, max_new: int = 64, window: 
 
 def mtp_agreement(seeds, n: int = 8, length: int = 130, max_new: int = 64, window: int = WINDOW,
                   seed: int = SEED, outputs=None) -> dict:
-    """Per MTP step k: the fraction of positions (whose token after next is a generated one)
-    where the MTP's argmax (mtp_forward32, bf16-rounded weights) is the target's token there, on
-    the reference sequences (prompt + float32 greedy output; ``outputs``: {seed: outputs},
-    else the emulated reference)."""
-    import torch
+    """readout.mtp_agreement of this target."""
+    import sys
 
-    sd, mtp = ({k: v.to(torch.bfloat16).float() for k, v in d.items()} for d in weights(seed, draft=True))
-    outputs = outputs or reference(seeds, n, length, max_new, window, seed, emulate=True)
-    hit, total = [0] * MTP_LAYERS, [0] * MTP_LAYERS
-    with torch.no_grad():
-        for s in seeds:
-            seqs = torch.tensor([p + list(o) for p, o in zip(prompts(n, length, s), outputs[s][:n])])
-            _, hidden = forward32(sd, seqs, window)
-            for k in range(MTP_LAYERS):
-                pred = mtp_forward32(sd, mtp, seqs, hidden, k, window).argmax(-1)
-                first = length - k - 2  # position j predicts token j + k + 2, the first generated at length
-                got = pred[:, first:first + seqs.shape[1] - length]
-                hit[k] += int((got == seqs[:, length:]).sum())
-                total[k] += got.numel()
-    return {f"step_{k}": round(hit[k] / total[k], 4) for k in range(MTP_LAYERS)}
+    return readout.mtp_agreement(sys.modules[__name__], seeds, n, length, max_new, window, seed, outputs)
 
 
 def main(seeds: str = "1,2,3", threads: int = 6) -> None:

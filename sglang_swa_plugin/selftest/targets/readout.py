@@ -603,3 +603,28 @@ def main(hf_model, size: int, label: str, seeds: str = "1,2,3", threads: int = 6
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     check(hf_model, size, label, [int(x) for x in a.seeds.split(",")], show=lambda line: print(line, flush=True))
+
+
+def mtp_agreement(target, seeds, n: int = 8, length: int = 130, max_new: int = 64, window: int = 16,
+                  seed: int = 0, outputs=None) -> dict:
+    """Per MTP step k of ``target`` (a target module with MTP layers: ``weights``, ``reference``,
+    ``forward32``, ``mtp_forward32``, ``MTP_LAYERS``): the fraction of positions (whose token
+    after next is a generated one) where the MTP's argmax (mtp_forward32, bf16-rounded weights) is the target's token there, on
+    the reference sequences (prompt + float32 greedy output; ``outputs``: {seed: outputs},
+    else the emulated reference)."""
+    import torch
+
+    sd, mtp = ({k: v.to(torch.bfloat16).float() for k, v in d.items()} for d in target.weights(seed, draft=True))
+    outputs = outputs or target.reference(seeds, n, length, max_new, window, seed, emulate=True)
+    hit, total = [0] * target.MTP_LAYERS, [0] * target.MTP_LAYERS
+    with torch.no_grad():
+        for s in seeds:
+            seqs = torch.tensor([p + list(o) for p, o in zip(prompts(n, length, s), outputs[s][:n])])
+            _, hidden = target.forward32(sd, seqs, window)
+            for k in range(target.MTP_LAYERS):
+                pred = target.mtp_forward32(sd, mtp, seqs, hidden, k, window).argmax(-1)
+                first = length - k - 2  # position j predicts token j + k + 2, the first generated at length
+                got = pred[:, first:first + seqs.shape[1] - length]
+                hit[k] += int((got == seqs[:, length:]).sum())
+                total[k] += got.numel()
+    return {f"step_{k}": round(hit[k] / total[k], 4) for k in range(target.MTP_LAYERS)}

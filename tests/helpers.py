@@ -281,3 +281,32 @@ def report_json(filename: str, name: str, data: dict) -> None:
         prev = json.loads(path.read_text()) if path.exists() else {}
         prev[name] = data
         path.write_text(json.dumps(prev, indent=2))
+
+
+# -- the model-window fixes (mimo_v2_window, step3p5_window): one scenario shape ---------------
+
+WINDOW_LAYERS = ("target_0", "target_1", "target_2", "target_3", "mtp_0")  # sliding, full, sliding, full, MTP
+
+
+def assert_stock_window_one_key_more(fix, methods: dict, check_module: str) -> None:
+    """Where ``fix`` is needed, stock's sliding layers (target and MTP) and the runner attend one
+    key more than the model's window of 16."""
+    skip_unless_needed(fix)
+    with methods_alone(fix, methods):
+        out = scenario_or_skip(check_module)
+    assert out.bug, out.seen
+    for layer in ("target_0", "target_2", "mtp_0"):
+        assert (out.seen[layer]["model"], out.seen[layer]["layer"], out.seen[layer]["runner"]) == (16, 17, 17), out.seen
+
+
+def assert_fixed_window_is_the_models(fix, methods: dict, check_module: str, runners=("target_0",)) -> None:
+    """Where ``fix`` is needed it makes the layers and the ``runners`` right; where not, stock is."""
+    from sglang_swa_plugin.fix import Verdict
+
+    if fix.detect().verdict is Verdict.NOT_APPLICABLE:
+        pytest.skip(f"not applicable here: {fix.detect().reason}")
+    with fixed_alone(fix, methods):
+        out = scenario_or_skip(check_module)
+    assert not out.bug, out.seen
+    assert [out.seen[k]["sliding_window_size"] for k in WINDOW_LAYERS] == [15, -1, 15, -1, 15], out.seen
+    assert all(out.seen[k]["runner"] == 16 for k in runners), out.seen

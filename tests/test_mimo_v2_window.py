@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import ast
 
-import pytest
 
 from sglang_swa_plugin.fix import Verdict
 from sglang_swa_plugin.hooks import mimo_v2_window as mw
 
-from helpers import fixed_alone, methods_alone, scenario_or_skip, skip_unless_needed
+from helpers import assert_fixed_window_is_the_models, assert_stock_window_one_key_more
 
 FIX = mw.FIX
 
@@ -33,33 +32,17 @@ def _methods():
     return out
 
 
-def _scenario():
-    return scenario_or_skip("mimo_v2_window")
-
-
 def test_detection_is_decided():
     assert FIX.detect().verdict is not Verdict.UNKNOWN, FIX.detect().reason
 
 
 def test_stock_sliding_layers_and_the_runner_attend_one_key_more_than_the_model():
-    skip_unless_needed(FIX)
-    with methods_alone(FIX, _methods()):
-        out = _scenario()
-    assert out.bug, out.seen
-    for layer in ("target_0", "target_2", "mtp_0"):
-        assert (out.seen[layer]["model"], out.seen[layer]["layer"], out.seen[layer]["runner"]) == (16, 17, 17), out.seen
+    assert_stock_window_one_key_more(FIX, _methods(), "mimo_v2_window")
 
 
 def test_every_layer_and_the_runner_attend_the_models_keys_with_the_fix():
     """Where the fix is needed it makes the layers and the runner right; where it is not, stock is."""
-    if FIX.detect().verdict is Verdict.NOT_APPLICABLE:
-        pytest.skip(f"not applicable here: {FIX.detect().reason}")
-    with fixed_alone(FIX, _methods()):
-        out = _scenario()
-    assert not out.bug, out.seen
-    assert [out.seen[k]["sliding_window_size"] for k in ("target_0", "target_1", "target_2", "target_3", "mtp_0")] \
-        == [15, -1, 15, -1, 15], out.seen
-    assert out.seen["target_0"]["runner"] == 16, out.seen
+    assert_fixed_window_is_the_models(FIX, _methods(), "mimo_v2_window")
 
 
 def test_the_hooks_leave_full_layers_and_a_model_with_its_own_window_alone():

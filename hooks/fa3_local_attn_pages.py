@@ -24,7 +24,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from sglang_swa_plugin.patching import without_wrappers_of
-from sglang_swa_plugin.fix import Detection, Fix, around, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, around
 from sglang_swa_plugin.fa3_local import BUILDER_MODULE, FA3_MODULE as MODULE, local_batches, local_metadata_class
 from sglang_swa_plugin.probe import optional_module, swa_pool_class, target_class
 
@@ -220,8 +220,3 @@ class Fa3LocalAttnPagesFix(Fix):
 
 
 FIX = Fa3LocalAttnPagesFix()
-
-
-@hookimpl
-def sglang_swa_plugin_fixes():
-    return [FIX]

@@ -26,7 +26,7 @@ from sglang_swa_plugin import graphed
 from sglang_swa_plugin.fa3_local import FA3_CLASS as CLASS, FA3_MODULE as MODULE, GRAPH_CAPTURE, GRAPH_PARAMS
 from sglang_swa_plugin.fa3_local import GRAPH_REPLAY, GRAPH_STATE, OUT_GRAPH, arange_once, graph_api
 from sglang_swa_plugin.fa3_local import local_metadata_class
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around
 from sglang_swa_plugin.log import warn_once
 from sglang_swa_plugin.probe import function_text, optional_module, own_function, target_class
 
@@ -261,6 +261,7 @@ class Fa3LocalAttnTreeVerifyFix(Fix):
     name = NAME
     summary = "FA3 chunked (Llama 4 local) layers keep their chunk, in their own pool, in topk > 1 target verify"
     upstream_prs = ()
+    wraps = ("fa3_local_attn_verify",)
     check_module = "sglang_swa_plugin.check.fa3_local_attn_tree_verify"
     target_params = {**GRAPH_PARAMS, EAGER: ("self", "forward_batch"),
                      FORWARD: ("self", "q", "k", "v", "layer", "forward_batch")}
@@ -272,8 +273,3 @@ class Fa3LocalAttnTreeVerifyFix(Fix):
 
 
 FIX = Fa3LocalAttnTreeVerifyFix()
-
-
-@hookimpl
-def sglang_swa_plugin_fixes():
-    return [FIX]

@@ -28,7 +28,7 @@ from sglang_swa_plugin.fa3_local import FA3_CLASS as CLASS, FA3_MODULE as MODULE
 from sglang_swa_plugin.fa3_local import GRAPH_PARAMS, GRAPH_REPLAY as REPLAY, GRAPH_STATE as STATE, OUT_GRAPH
 from sglang_swa_plugin.fa3_local import cdiv as _cdiv, graph_api, local_metadata_class
 from sglang_swa_plugin.fa3_local import verify_local_batches
-from sglang_swa_plugin.fix import Detection, Fix, argument, around, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, argument, around
 from sglang_swa_plugin.probe import callee, if_branches, optional_module, own_function, target_class
 
 NAME = "fa3_local_attn_verify"
@@ -183,8 +183,3 @@ class Fa3LocalAttnVerifyFix(Fix):
 
 
 FIX = Fa3LocalAttnVerifyFix()
-
-
-@hookimpl
-def sglang_swa_plugin_fixes():
-    return [FIX]

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 from typing import Any, Optional
 
 from .. import graphed
-from ..fix import Detection, Fix, TargetMissing, argument, around, hookimpl
+from ..fix import Detection, Fix, TargetMissing, argument, around
 from ..patching import without_wrappers_of
 from ..probe import optional_module, swapped
 
@@ -181,8 +181,3 @@ class FA3SpecTranslateFix(Fix):
 
 
 FIX = FA3SpecTranslateFix()
-
-
-@hookimpl
-def sglang_swa_plugin_fixes():
-    return [FIX]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import ast
 import functools
 
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl, with_argument
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, with_argument
 from sglang_swa_plugin.probe import function_tree, nodes, optional_module, own_function, swapped
 
 MODULE = "sglang.srt.layers.attention.flashinfer_backend"
@@ -239,6 +239,7 @@ class FlashinferSwaPrefillFix(Fix):
     name = "flashinfer_swa_prefill"
     summary = "flashinfer ragged prefill on sliding-window layers: a twin wrapper planned and run with the window"
     upstream_prs = ("#26513", "#31501")
+    wraps = ("flashinfer_swa_verify",)
     targets = (INIT, EXTEND, PAGED_PLAN)
     target_params = {INIT: ("self", "model_runner"), EXTEND: ("self", "q", "k", "v", "layer", "forward_batch"),
                       PAGED_PLAN: ("self", "req_pool_indices", "seq_lens", "seq_lens_cpu", "seq_lens_sum", "prefix_lens",
@@ -250,8 +251,3 @@ class FlashinferSwaPrefillFix(Fix):
 
 
 FIX = FlashinferSwaPrefillFix()
-
-
-@hookimpl
-def sglang_swa_plugin_fixes():
-    return [FIX]

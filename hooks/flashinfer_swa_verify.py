@@ -26,7 +26,7 @@ import re
 import threading
 from typing import Any, Optional
 
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, has_parameter, hookimpl, with_argument
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, has_parameter, with_argument
 from sglang_swa_plugin.probe import compact, normalized_source, optional_module, own_function, target_class
 
 logger = logging.getLogger("sglang.srt.plugins.swa_plugin")
@@ -331,8 +331,3 @@ class FlashinferSwaVerifyFix(Fix):
 
 
 FIX = FlashinferSwaVerifyFix()
-
-
-@hookimpl
-def sglang_swa_plugin_fixes():
-    return [FIX]

@@ -28,7 +28,7 @@ import sys
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from ..fix import Detection, Fix, TargetMissing, around, hookimpl
+from ..fix import Detection, Fix, TargetMissing, around
 from ..probe import function_tree, optional_module, swa_allocator_class, swa_pool_class, target_class
 from ..trtllm_mha import MODULE as TRTLLM
 
@@ -265,8 +265,3 @@ class FrozenKVViewsFix(Fix):
 
 
 FIX = FrozenKVViewsFix()
-
-
-@hookimpl
-def sglang_swa_plugin_fixes():
-    return [FIX]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ast
 
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around
 from sglang_swa_plugin.probe import is_attribute, module_tree
 
 NAME = "gemma4_window"
@@ -95,8 +95,3 @@ class Gemma4WindowFix(Fix):
 
 
 FIX = Gemma4WindowFix()
-
-
-@hookimpl
-def sglang_swa_plugin_fixes():
-    return [FIX]

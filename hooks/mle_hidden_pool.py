@@ -25,7 +25,7 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, around, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, around
 from sglang_swa_plugin.probe import compact, function_tree, nodes, optional_module, own_function
 
 MODULE = "sglang.srt.speculative.multi_layer_eagle_worker_v2"
@@ -113,8 +113,3 @@ class MleHiddenPoolFix(Fix):
 
 
 FIX = MleHiddenPoolFix()
-
-
-@hookimpl
-def sglang_swa_plugin_fixes():
-    return [FIX]

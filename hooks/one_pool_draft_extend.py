@@ -25,7 +25,7 @@ from __future__ import annotations
 import ast
 import inspect
 
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, around, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, around
 from sglang_swa_plugin.probe import function_tree, nodes, optional_module, own_function, swapped
 
 MODULE = "sglang.srt.speculative.multi_layer_eagle_draft_extend_cuda_graph_runner"
@@ -95,8 +95,3 @@ class OnePoolDraftExtendFix(Fix):
 
 
 FIX = OnePoolDraftExtendFix()
-
-
-@hookimpl
-def sglang_swa_plugin_fixes():
-    return [FIX]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, around, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, around
 from sglang_swa_plugin.probe import function_text, own_function, target_class
 
 NAME = "swa_graph_padding"
@@ -88,8 +88,3 @@ class SwaGraphPaddingFix(Fix):
 
 
 FIX = SwaGraphPaddingFix()
-
-
-@hookimpl
-def sglang_swa_plugin_fixes():
-    return [FIX]

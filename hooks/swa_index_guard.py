@@ -24,7 +24,7 @@ import functools
 import threading
 from typing import Any, Callable
 
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl, split_target
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, split_target
 from sglang_swa_plugin.probe import compact, normalized_source, optional_module
 from sglang_swa_plugin.trtllm_mha import CLASS as TRT_CLASS, MODULE as TRT_MODULE
 
@@ -231,6 +231,7 @@ class SwaIndexGuard(Fix):
     name = "swa_index_guard"
     summary = "opt-in: device-side check that SWA-layer page tables and KV-write locations stay inside the KV pool they index"
     upstream_prs = ()
+    wraps = ("fa3_local_attn_tree_verify",)
     targets = (TRT_PAGE_TABLE, TRT_CACHE_LOC, FA3_EXTEND, FA3_DECODE, FA3_KERNEL)
     target_params = {
         TRT_PAGE_TABLE: ("self", "layer", "forward_batch"),
@@ -246,8 +247,3 @@ class SwaIndexGuard(Fix):
 
 
 FIX = SwaIndexGuard()
-
-
-@hookimpl
-def sglang_swa_plugin_fixes():
-    return [FIX]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import importlib
 import inspect
 
-from sglang_swa_plugin.fix import Detection, Fix, around, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, around
 from sglang_swa_plugin.probe import function_text, is_attribute, nodes, function_tree, optional_module, own_function
 
 NAME = "swa_one_chunked_prefill"
@@ -95,8 +95,3 @@ class SwaOneChunkedPrefillFix(Fix):
 
 
 FIX = SwaOneChunkedPrefillFix()
-
-
-@hookimpl
-def sglang_swa_plugin_fixes():
-    return [FIX]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ast
 
-from sglang_swa_plugin.fix import Detection, Fix, around, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, around
 from sglang_swa_plugin.probe import callee, calls, function_tree, is_attribute, module_tree, nodes, optional_module, own_function
 
 NAME = "swa_write_loc"
@@ -169,6 +169,7 @@ class SwaWriteLocFix(Fix):
     name = NAME
     summary = "hybrid SWA pool: each forward's SWA writes follow its own out_cache_loc (eager draft steps)"
     upstream_prs = ("#25824",)
+    wraps = ("fa3_local_attn_tree_verify",)
     targets = (TARGET,) + FA3_METADATA + (TRITON_DECODE,)
     target_params = {TARGET: ("self", "forward_batch"), **{t: ("self", "forward_batch") for t in FA3_METADATA},
                      TRITON_DECODE: ("self", "q", "k", "v", "layer", "forward_batch")}
@@ -179,8 +180,3 @@ class SwaWriteLocFix(Fix):
 
 
 FIX = SwaWriteLocFix()
-
-
-@hookimpl
-def sglang_swa_plugin_fixes():
-    return [FIX]

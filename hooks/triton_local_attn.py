@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from sglang_swa_plugin import triton_rail
 from sglang_swa_plugin.chunked import CHUNK, chunk_of as _chunked, reads_use_irope, remember_chunk_hook
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, around, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, around
 from sglang_swa_plugin.log import warn_once
 from sglang_swa_plugin.probe import function_tree, is_attribute, module_tree, nodes, optional_module, own_function
 from sglang_swa_plugin.triton_rail import slots as _slots, tree_verify as _tree_verify
@@ -194,6 +194,7 @@ class TritonLocalAttnFix(Fix):
     name = NAME
     summary = "triton: Llama 4's chunked layers attend their own chunk (decode, extend, verify)"
     upstream_prs = ()
+    wraps = ("triton_one_pool_window", "swa_write_loc")
     targets = (INIT, DECODE, EXTEND)
     target_params = {INIT: ("self", "model_runner"), DECODE: ("self", "q", "k", "v", "layer", "forward_batch"),
                      EXTEND: ("self", "q", "k", "v", "layer", "forward_batch")}
@@ -204,8 +205,3 @@ class TritonLocalAttnFix(Fix):
 
 
 FIX = TritonLocalAttnFix()
-
-
-@hookimpl
-def sglang_swa_plugin_fixes():
-    return [FIX]

@@ -26,7 +26,7 @@ import ast
 import functools
 import inspect
 
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around
 from sglang_swa_plugin.probe import (function_text, function_tree, is_attribute, nodes, optional_module, own_function,
                                      swapped)
 
@@ -168,8 +168,3 @@ class TritonOnePoolWindowFix(Fix):
 
 
 FIX = TritonOnePoolWindowFix()
-
-
-@hookimpl
-def sglang_swa_plugin_fixes():
-    return [FIX]

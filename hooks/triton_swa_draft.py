@@ -26,7 +26,7 @@ import inspect
 from types import SimpleNamespace
 
 from sglang_swa_plugin import graphed
-from sglang_swa_plugin.fix import Detection, Fix, argument, around, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, argument, around
 from sglang_swa_plugin.probe import (calls, function_text, function_tree, if_branches, optional_module, own_function,
                                      target_class)
 
@@ -500,8 +500,3 @@ class TritonSwaDraftFix(Fix):
 
 
 FIX = TritonSwaDraftFix()
-
-
-@hookimpl
-def sglang_swa_plugin_fixes():
-    return [FIX]

@@ -26,7 +26,7 @@ import ast
 
 from sglang_swa_plugin import triton_rail
 from sglang_swa_plugin.config import PREVIEW
-from sglang_swa_plugin.fix import Detection, Fix, around, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, around
 from sglang_swa_plugin.log import warn_once
 from sglang_swa_plugin.probe import module_tree
 
@@ -131,6 +131,7 @@ class TritonSwaTreeVerifyFix(Fix):
     summary = ("triton: an EAGLE tree's verify (a preview: any deterministic verify) windows each draft at its "
                "position (sliding-window layers)")
     upstream_prs = ("#39287",)
+    wraps = ("triton_local_attn",)
     targets = (EXTEND,)
     target_params = {EXTEND: ("self", "q", "k", "v", "layer", "forward_batch")}
     check_module = "sglang_swa_plugin.check.triton_swa_tree_verify"
@@ -142,8 +143,3 @@ class TritonSwaTreeVerifyFix(Fix):
 
 
 FIX = TritonSwaTreeVerifyFix()
-
-
-@hookimpl
-def sglang_swa_plugin_fixes():
-    return [FIX]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import inspect
 import re
 
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl, with_argument
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, with_argument
 from sglang_swa_plugin.probe import function_text, function_tree, nodes, optional_module, own_function
 
 NAME = "triton_swa_window"
@@ -103,8 +103,3 @@ class TritonSwaWindowFix(Fix):
 
 
 FIX = TritonSwaWindowFix()
-
-
-@hookimpl
-def sglang_swa_plugin_fixes():
-    return [FIX]

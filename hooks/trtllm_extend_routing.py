@@ -25,7 +25,7 @@ import ast
 import inspect
 from typing import Any, Callable, Sequence
 
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around
 from sglang_swa_plugin.probe import callee, function_text, if_branches, optional_module, own_function, swapped
 from sglang_swa_plugin.trtllm_mha import (FORWARD_EXTEND as TARGET, FORWARD_EXTEND_PARAMS, MODULE, V2_TEST, has,
                                           backend_class, routes_v2_to_decode, syntax, tests_v2,
@@ -135,8 +135,3 @@ class TrtllmExtendRoutingFix(Fix):
 
 
 FIX = TrtllmExtendRoutingFix()
-
-
-@hookimpl
-def sglang_swa_plugin_fixes():
-    return [FIX]

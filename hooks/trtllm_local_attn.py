@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 from sglang_swa_plugin.chunked import chunk_of, reads_use_irope, remember_chunk_hook
 from sglang_swa_plugin.fa3_local import local_batches
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around
 from sglang_swa_plugin.log import warn_once
 from sglang_swa_plugin.probe import module_tree, optional_module, own_function, swapped
 from sglang_swa_plugin.trtllm_mha import (CLASS, FORWARD_DECODE, FORWARD_DECODE_PARAMS, FORWARD_EXTEND,
@@ -207,6 +207,7 @@ class TrtllmLocalAttnFix(Fix):
     name = NAME
     summary = "trtllm_mha: Llama 4's chunked layers attend their own chunk (decode, verify, context)"
     upstream_prs = ()
+    wraps = ("trtllm_swa_pool", "trtllm_xqa_dense_query", "trtllm_xqa_spec_decode")
     targets = (INIT, FORWARD_DECODE, FORWARD_EXTEND)
     target_params = {INIT: ("self", "model_runner"), FORWARD_DECODE: FORWARD_DECODE_PARAMS,
                      FORWARD_EXTEND: FORWARD_EXTEND_PARAMS}
@@ -219,8 +220,3 @@ class TrtllmLocalAttnFix(Fix):
 
 
 FIX = TrtllmLocalAttnFix()
-
-
-@hookimpl
-def sglang_swa_plugin_fixes():
-    return [FIX]

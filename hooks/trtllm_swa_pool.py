@@ -25,7 +25,7 @@ import re
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from sglang_swa_plugin.fix import Detection, Fix, argument, around, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, argument, around
 from sglang_swa_plugin.probe import (compact, normalized_source, optional_module, own_function, swa_allocator_class,
                                      swa_pool_class)
 from sglang_swa_plugin.trtllm_mha import CLASS, MODULE, backend_class
@@ -145,8 +145,3 @@ class TrtllmSwaPoolFix(Fix):
 
 
 FIX = TrtllmSwaPoolFix()
-
-
-@hookimpl
-def sglang_swa_plugin_fixes():
-    return [FIX]

@@ -23,7 +23,7 @@ import ast
 import re
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl, with_argument
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, with_argument
 from sglang_swa_plugin.probe import callee, compact, function_text, nodes, optional_module, own_function
 from sglang_swa_plugin.trtllm_mha import (DECODE_KERNELS, FORWARD_DECODE, FORWARD_DECODE_PARAMS, MODULE, XQA_FLAG,
                                           backend_class, syntax)
@@ -217,8 +217,3 @@ class TrtllmXqaDenseQueryFix(Fix):
 
 
 FIX = TrtllmXqaDenseQueryFix()
-
-
-@hookimpl
-def sglang_swa_plugin_fixes():
-    return [FIX]

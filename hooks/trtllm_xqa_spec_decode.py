@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, hookimpl
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around
 from sglang_swa_plugin.probe import callee, optional_module, own_function, swapped
 from sglang_swa_plugin.trtllm_mha import (CLASS, DECODE_KERNELS, FORWARD_EXTEND as TARGET, FORWARD_EXTEND_PARAMS,
                                           MODULE, V2_TEST, XQA_FLAG, ModuleView, backend_class, flashinfer_view, has,
@@ -231,6 +231,7 @@ class TrtllmXqaSpecDecodeFix(Fix):
     name = "trtllm_xqa_spec_decode"
     summary = "trtllm_mha on XQA (sm90/sm120): multi-token decode calls get a bf16 query and the spec-decode mask"
     upstream_prs = ("#32269", "flashinfer #4137", "#28241")
+    wraps = ("trtllm_extend_routing",)
     targets = (TARGET,)
     target_params = {TARGET: FORWARD_EXTEND_PARAMS}
     check_module = "sglang_swa_plugin.check.trtllm_xqa_spec_decode"
@@ -240,8 +241,3 @@ class TrtllmXqaSpecDecodeFix(Fix):
 
 
 FIX = TrtllmXqaSpecDecodeFix()
-
-
-@hookimpl
-def sglang_swa_plugin_fixes():
-    return [FIX]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import pkgutil
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Dict, Iterator, List, Optional, Sequence
@@ -21,6 +22,7 @@ from .fix import (
     Hook,
     TargetMissing,
     Verdict,
+    hookimpl,
     split_target,
 )
 from .log import emit
@@ -82,43 +84,38 @@ class FixRecord:
 
 # ---------------------------------------------------------------------------- fixes
 
-BUILTIN_MODULES = (
-    "sglang_swa_plugin.hooks.trtllm_swa_pool",
-    "sglang_swa_plugin.hooks.fa3_spec_translate",
-    "sglang_swa_plugin.hooks.frozen_kv_views",
-    "sglang_swa_plugin.hooks.trtllm_extend_routing",
-    "sglang_swa_plugin.hooks.trtllm_xqa_spec_decode",
-    "sglang_swa_plugin.hooks.trtllm_xqa_dense_query",
-    "sglang_swa_plugin.hooks.fa3_local_attn_pages",
-    "sglang_swa_plugin.hooks.fa3_local_attn_verify",
-    "sglang_swa_plugin.hooks.fa3_local_attn_tree_verify",
-    "sglang_swa_plugin.hooks.swa_index_guard",
-    "sglang_swa_plugin.hooks.flashinfer_swa_verify",
-    "sglang_swa_plugin.hooks.triton_swa_draft",
-    "sglang_swa_plugin.hooks.swa_graph_padding",
-    "sglang_swa_plugin.hooks.triton_swa_window",
-    "sglang_swa_plugin.hooks.gemma4_window",
-    "sglang_swa_plugin.hooks.flashinfer_swa_prefill",
-    "sglang_swa_plugin.hooks.one_pool_draft_extend",
-    "sglang_swa_plugin.hooks.triton_one_pool_window",
-    "sglang_swa_plugin.hooks.swa_one_chunked_prefill",
-    "sglang_swa_plugin.hooks.mimo_v2_window",
-    "sglang_swa_plugin.hooks.step3p5_window",
-    "sglang_swa_plugin.hooks.swa_write_loc",
-    "sglang_swa_plugin.hooks.triton_local_attn",
-    "sglang_swa_plugin.hooks.triton_swa_tree_verify",
-    "sglang_swa_plugin.hooks.trtllm_local_attn",
-    "sglang_swa_plugin.hooks.mle_hidden_pool",
-)
+HOOKS_PACKAGE = "sglang_swa_plugin.hooks"
 
 
-BROKEN: Dict[str, str] = {}  # built-in fix module -> why it cannot be imported
+def _builtin_modules() -> "tuple[str, ...]":
+    """Every module of ``sglang_swa_plugin.hooks`` (found, not imported): each is one built-in fix."""
+    from . import hooks
+
+    return tuple(sorted(f"{HOOKS_PACKAGE}.{m.name}" for m in pkgutil.iter_modules(hooks.__path__)
+                        if not m.name.startswith("_")))
+
+
+BUILTIN_MODULES = _builtin_modules()  # by name; ``load_fixes`` gives the install order
+BROKEN: Dict[str, str] = {}  # built-in fix module -> why it is not a fix here
+
+
+class _Builtin:
+    """The pluggy plugin of one built-in fix module: its ``FIX``. Built-in and third-party
+    fixes are collected by the same hook."""
+
+    def __init__(self, module):
+        self.module = module
+
+    @hookimpl
+    def sglang_swa_plugin_fixes(self):
+        return [self.module.FIX]
 
 
 def load_fixes() -> "List[tuple[Fix, str]]":
     """Built-in fixes plus third-party fixes from the ``sglang_swa_plugin.fixes``
-    entry-point group, as (fix, source). A module that cannot be imported is recorded in
-    ``BROKEN`` (built-in) or reported (third party) and skipped; it never stops the others."""
+    entry-point group, as (fix, source), in install order (:func:`install_order`). A module
+    that cannot be imported is recorded in ``BROKEN`` (built-in) or reported (third party) and
+    skipped; it never stops the others."""
     pm = pluggy.PluginManager(PROJECT)
     pm.add_hookspecs(FixSpecs)
     sources: Dict[int, str] = {}
@@ -126,17 +123,16 @@ def load_fixes() -> "List[tuple[Fix, str]]":
     for modname in BUILTIN_MODULES:
         try:
             mod = importlib.import_module(modname)
-        except ModuleNotFoundError as e:
-            if e.name == modname:
-                continue  # not written yet in this build
-            BROKEN[modname] = f"{type(e).__name__}: {e}"
-            continue
         except Exception as e:  # noqa: BLE001
-            BROKEN[modname] = f"{type(e).__name__}: {e}"
+            BROKEN[modname] = f"cannot import {modname}: {type(e).__name__}: {e}"
             continue
-        pm.register(mod, name=modname)
-        registered[id(mod)] = mod
-        sources[id(mod)] = "builtin"
+        if not isinstance(getattr(mod, "FIX", None), Fix):
+            BROKEN[modname] = f"{modname} defines no FIX (a Fix instance)"
+            continue
+        plugin = _Builtin(mod)
+        pm.register(plugin, name=modname)
+        registered[id(mod)] = plugin
+        sources[id(plugin)] = "builtin"
     for ep in entry_points(group=FIXES_ENTRY_POINT_GROUP):
         try:
             mod = ep.load()
@@ -162,10 +158,27 @@ def load_fixes() -> "List[tuple[Fix, str]]":
                 continue
             names.add(fix.name)
             out.append((fix, sources.get(id(impl.plugin), "builtin")))
-    # Built-in fixes first, in BUILTIN_MODULES order; pluggy calls last-registered first.
-    order = {m: i for i, m in enumerate(BUILTIN_MODULES)}
-    out.sort(key=lambda fs: (fs[1] != "builtin", order.get(type(fs[0]).__module__, 99), fs[0].name))
-    return out
+    return install_order(out)
+
+
+def install_order(fixes: "Sequence[tuple[Fix, str]]") -> "List[tuple[Fix, str]]":
+    """``fixes`` (fix, source) in the order they go in: each after the fixes it ``wraps`` (its
+    hooks wrap theirs where both hook one target), built-ins before third-party fixes, otherwise
+    by name. A built-in that wraps a fix no module provides is recorded in ``BROKEN``."""
+    by_name = {fix.name: (fix, source) for fix, source in fixes}
+    for fix, source in fixes:
+        for name in fix.wraps:
+            module = f"{HOOKS_PACKAGE}.{name}"
+            if source == "builtin" and name not in by_name and module not in BROKEN:
+                BROKEN[module] = f"no built-in fix {name}: {fix.name} wraps it ({module} is missing)"
+    after = {name: {w for w in fix.wraps if w in by_name} for name, (fix, _) in by_name.items()}
+    order: List[str] = []
+    while after:
+        ready = [n for n, first in after.items() if not first - set(order)] or list(after)  # a cycle: by name
+        name = min(ready, key=lambda n: (by_name[n][1] != "builtin", n))
+        order.append(name)
+        del after[name]
+    return [by_name[n] for n in order]
 
 
 # ---------------------------------------------------------------------------- deciding
@@ -252,9 +265,10 @@ def decide(fix: Fix, source: str, cfg: _config.Config, hooks_factory) -> FixReco
 
 
 def broken_records() -> List[FixRecord]:
-    """One ``error`` record per built-in fix module that cannot be imported."""
-    return [FixRecord(name=m.rpartition(".")[2], summary="", upstream_prs=[], targets=[], status=ERROR,
-                      reason=f"cannot import {m}: {why}") for m, why in BROKEN.items()]
+    """One ``error`` record per built-in fix that is not a fix here (its module cannot be
+    imported, defines no ``FIX``, or is missing where another fix wraps it)."""
+    return [FixRecord(name=m.rpartition(".")[2], summary="", upstream_prs=[], targets=[], status=ERROR, reason=why)
+            for m, why in BROKEN.items()]
 
 
 def log_record(rec: FixRecord) -> None:

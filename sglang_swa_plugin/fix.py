@@ -2,8 +2,8 @@
 third-party fix) implements, plus the pluggy hook specification that collects them.
 
 A fix module holds what runs in a server process, nothing else: its record (docstring),
-constants, the hook(s), the detection and ``FIX`` (a :class:`Fix` instance) with a pluggy
-hook implementation. Detection returns the plan, install uses exactly that plan::
+constants, the hook(s), the detection and ``FIX`` (a :class:`Fix` instance). Detection
+returns the plan, install uses exactly that plan::
 
     from sglang_swa_plugin.fix import Fix, Detection, around, argument, hookimpl
 
@@ -25,7 +25,7 @@ hook implementation. Detection returns the plan, install uses exactly that plan:
 
     FIX = MyFix()
 
-    @hookimpl
+    @hookimpl  # a third-party module; a built-in one (in ``hooks/``) is found by its ``FIX``
     def sglang_swa_plugin_fixes():
         return [FIX]
 
@@ -201,6 +201,9 @@ class Fix:
     previews: Mapping[str, str] = {}
     # The previews turned on where the fix was last decided (``core.decide``); its hooks read it.
     previews_on: FrozenSet[str] = frozenset()
+    # Names of the fixes whose hooks this fix's hooks wrap where both hook one target: they go
+    # in first (core orders the fixes by it; a built-in sharing a target must declare it).
+    wraps: Sequence[str] = ()
     # Dotted name of the module with the fix's CPU scenario (``scenario()``, ``reproduce()``);
     # imported only by ``reproduce`` (``check``, tests), never at start-up.
     check_module: Optional[str] = None
@@ -264,13 +267,6 @@ def split_target(target: str) -> "tuple[Any, str]":
     if not hasattr(owner, attr):
         raise TargetMissing(target, f"{owner_path} has no attribute {attr!r}")
     return owner, attr
-
-
-def unwrap_function(obj: Any) -> Optional[Callable[..., Any]]:
-    """The plain function behind a staticmethod/classmethod/function, else None."""
-    if isinstance(obj, (staticmethod, classmethod)):
-        obj = obj.__func__
-    return obj if callable(obj) else None
 
 
 # ---------------------------------------------------------------- a hooked call's arguments

@@ -12,7 +12,8 @@ but ``key`` and ``inputs`` (every Python value it uses is part of ``key``), leav
 ``inputs`` (nothing it allocates outlives the call) and cache nothing it allocates, except in
 its first, eager call. Off CUDA, or while a CUDA graph is being captured (the refresh is then
 part of that graph), ``fn()`` runs as it is. A capture that fails leaves ``key`` eager for good
-(logged once)."""
+(logged once). ``capturing()``, whether a CUDA graph is being captured now, is the one query of
+capture state the fixes share."""
 
 from __future__ import annotations
 
@@ -39,14 +40,19 @@ def signature(tensors: Sequence) -> tuple:
     return tuple((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in tensors)
 
 
-def _capturing() -> bool:
+def capturing() -> bool:
+    """True while the current CUDA stream is being captured into a graph (a host-side query, no
+    sync); False on a machine without CUDA."""
     import torch
 
-    return torch.cuda.is_current_stream_capturing()
+    try:
+        return torch.cuda.is_current_stream_capturing()
+    except (RuntimeError, AssertionError, AttributeError):  # a torch built without CUDA
+        return False
 
 
 def run(owner, key, fn: Callable[[], None], inputs: Sequence) -> None:
-    if not inputs[0].is_cuda or _capturing():
+    if not inputs[0].is_cuda or capturing():
         fn()
         return
     cache = owner.__dict__.setdefault(ATTR, {})

@@ -34,7 +34,7 @@ def hook_registry():
     return HookRegistry, HookType
 
 
-def _raw(owner: Any, attr: str) -> Any:
+def stored_attribute(owner: Any, attr: str) -> Any:
     """The attribute as stored (keeps staticmethod/classmethod wrappers)."""
     if isinstance(owner, type):
         for klass in owner.__mro__:
@@ -95,7 +95,7 @@ def target_marks(target: str) -> List[str]:
         owner, attr = split_target(target)
     except TargetMissing:
         return []
-    return marks(_raw(owner, attr))
+    return marks(stored_attribute(owner, attr))
 
 
 def target_marked_by(target: str) -> Optional[str]:
@@ -106,7 +106,7 @@ def target_marked_by(target: str) -> Optional[str]:
 def original_at(target: str) -> Any:
     """What the target holds before we hook it (the function behind a static/class method)."""
     owner, attr = split_target(target)
-    raw = _raw(owner, attr)
+    raw = stored_attribute(owner, attr)
     return raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
 
 
@@ -146,7 +146,7 @@ class DirectHooks(Hooks):
 
     def _set(self, target: str, make: Callable[[Any], Any]) -> None:
         owner, attr = split_target(target)
-        raw = _raw(owner, attr)
+        raw = stored_attribute(owner, attr)
         if self.fix_name in marks(raw):
             return  # in effect already (a second wrapper would apply the fix twice)
         own = isinstance(owner, type) and attr in owner.__dict__ or not isinstance(owner, type)

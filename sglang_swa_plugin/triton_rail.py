@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import os
 
+from .graphed import capturing
 from .probe import optional_module
 
 GATHER = "create_flashinfer_kv_indices_triton"  # sglang's req_to_token gather, where each release keeps it
@@ -194,12 +195,6 @@ def _layout(seq, pos, md, rule: str, size: int, n: int):
     seen &= cell < row_start[-1]
     return (offsets(keys), keys.to(torch.int32), seq - keys, seen.to(stock.dtype),
             row_start[::n].to(md.mask_indptr.dtype))
-
-
-def capturing() -> bool:
-    import torch
-
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def call_with_rail(original, self, store: str, swa: bool, build, kernel_args: dict, q, k, v, layer, forward_batch,

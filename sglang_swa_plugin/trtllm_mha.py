@@ -12,8 +12,8 @@ import functools
 import sys
 from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Tuple
 
-from .fix import TargetMissing
-from .probe import callee, function_tree, nodes, own_function, target_class
+from .graphed import capturing
+from .probe import callee, function_tree, nodes, target_class
 
 MODULE = "sglang.srt.layers.attention.trtllm_mha_backend"
 CLASS = MODULE + ".TRTLLMHAAttnBackend"
@@ -78,13 +78,6 @@ def has(node: ast.AST, kind: str, *names: str) -> bool:
     return False
 
 
-def forward_extend_tree(cls: type) -> ast.FunctionDef:
-    fn = own_function(cls, "forward_extend")
-    if fn is None:
-        raise TargetMissing(FORWARD_EXTEND)
-    return syntax(fn)
-
-
 def tests_v2(expr: ast.AST, flags: frozenset = frozenset()) -> bool:
     """``expr`` is true for DRAFT_EXTEND_V2: it calls ``is_draft_extend_v2()`` or reads a
     flag assigned from such a call, outside any ``not``."""
@@ -126,17 +119,6 @@ def routes_v2_to_decode(forward_extend: Any) -> Optional[bool]:
 
 
 # ---------------------------------------------------------------------------- kernel-call rewrites
-
-
-def capturing() -> bool:
-    """True while the current CUDA stream is being captured into a graph (host-side query,
-    no sync); False on a machine without CUDA."""
-    import torch
-
-    try:
-        return bool(torch.cuda.is_current_stream_capturing())
-    except (RuntimeError, AssertionError, AttributeError):
-        return False
 
 
 class _Kept(NamedTuple):

@@ -10,7 +10,7 @@ import types
 from typing import Any, Dict, Iterable, List, Mapping
 
 from .fix import TargetMissing, split_target
-from .patching import _raw, marks, module_bindings
+from .patching import marks, module_bindings, stored_attribute
 
 
 def _stale_copies(originals: Mapping[str, Any]) -> Dict[str, List[str]]:
@@ -41,7 +41,7 @@ def not_in_effect(name: str, targets: Iterable[str], originals: Mapping[str, Any
         except TargetMissing as e:
             problems.append(str(e))
             continue
-        if name not in marks(_raw(owner, attr)):
+        if name not in marks(stored_attribute(owner, attr)):
             problems.append(f"{target} does not carry the hook")
     for target, where in _stale_copies({t: o for t, o in originals.items() if t in targets}).items():
         problems.append(f"{', '.join(where)} still hold(s) the unhooked {target.rpartition('.')[2]}")

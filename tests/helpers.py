@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -30,9 +31,22 @@ def has_module(name: str) -> bool:
         return False
 
 
-HAS_PLUGIN_FRAMEWORK = has_module("sglang.srt.plugins")
-needs_framework = pytest.mark.skipif(not HAS_PLUGIN_FRAMEWORK, reason="this sglang has no plugin framework")
-no_framework_only = pytest.mark.skipif(HAS_PLUGIN_FRAMEWORK, reason="this sglang has a plugin framework")
+@functools.cache
+def _has_plugin_framework() -> bool:
+    return has_module("sglang.srt.plugins")
+
+
+def __getattr__(name: str):
+    """HAS_PLUGIN_FRAMEWORK and the marks needs_framework and no_framework_only, on first use:
+    finding sglang.srt.plugins imports sglang (8 s of CPU), for nothing in pytest-xdist's
+    controller, which loads these helpers (conftest.py) and runs no test."""
+    if name == "HAS_PLUGIN_FRAMEWORK":
+        return _has_plugin_framework()
+    if name == "needs_framework":
+        return pytest.mark.skipif(not _has_plugin_framework(), reason="this sglang has no plugin framework")
+    if name == "no_framework_only":
+        return pytest.mark.skipif(_has_plugin_framework(), reason="this sglang has a plugin framework")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main_window_snapshot():

@@ -14,7 +14,7 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 import torch  # noqa: E402
 
-from sglang_swa_plugin.check.triton_swa_draft import WINDOW, build  # noqa: E402
+from sglang_swa_plugin.check.triton_bench import WINDOW, build  # noqa: E402
 from sglang_swa_plugin.hooks import triton_swa_tree_verify as fix  # noqa: E402
 
 from interpreted import main, tree_verify_error  # noqa: E402

@@ -12,7 +12,7 @@ import os
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 from sglang_swa_plugin.check import triton_swa_window as sc  # noqa: E402
-from sglang_swa_plugin.check.triton_swa_draft import WINDOW, build  # noqa: E402
+from sglang_swa_plugin.check.triton_bench import WINDOW, build  # noqa: E402
 from sglang_swa_plugin.hooks import triton_swa_window as fix  # noqa: E402
 
 from interpreted import Batch, main  # noqa: E402

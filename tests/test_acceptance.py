@@ -18,7 +18,8 @@ def _cases():
     out = []
     for name in targets.NAMES:
         kind = targets.draft_kind(targets.load(name))
-        out += [(name, mode) for mode, spec in rows.MODES.items() if spec is not None and spec.draft == kind]
+        out += [(name, mode) for mode, spec in rows.MODES.items() if spec is not None and spec.draft == kind
+                and not (name == "step3p5" and spec.algorithm != "EAGLE")]  # below: Step3.5 NEXTN
     return out
 
 
@@ -91,6 +92,15 @@ def test_not_computable_is_none(built):
     if mtp is not None:
         t = targets.load(mtp)
         assert acceptance.expected_accept(t, rows.Spec("mtp", "EAGLE", 2, 3, 4), ps, NEW, ref, saved=("-", "-")) is None
+
+
+def test_step3p5_mtp_is_multi_layer_eagle_only(built):
+    """Step3.5's MTP layers load in sglang only as multi-layer EAGLE's (Step3p5MTP needs a
+    ``draft_model_idx``; tests/test_step3p5_target.py): its NEXTN rows have no expectation."""
+    t, model, saved, ps, ref = built("step3p5")
+    for mode, spec in rows.MODES.items():
+        if spec is not None and spec.draft == "mtp" and spec.algorithm != "EAGLE":
+            assert acceptance.expected_accept(t, spec, ps, NEW, ref, model=model, saved=saved) is None, mode
 
 
 @pytest.mark.parametrize("topk,steps,draft_tokens", [(1, 3, 4), (2, 3, 4), (2, 4, 6), (3, 3, 5)])

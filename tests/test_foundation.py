@@ -89,14 +89,14 @@ load_plugins()
 sglang_swa_plugin.register(); register("again")
 import sglang.srt.plugins as p; p._plugins_loaded = False; load_plugins()   # a second full load
 HookRegistry.apply_hooks()
-from sglang_swa_plugin.patching import MARK, _raw, marked_by
+from sglang_swa_plugin.patching import MARK, marked_by, stored_attribute
 from sglang_swa_plugin.fix import split_target
 out = {}
 for name, rec in sglang_swa_plugin.status()["fixes"].items():
     for t in rec["installed_targets"]:
         ours = [h for _, h, _ in HookRegistry._hooks[t] if getattr(h, MARK, None) == name]
         owner, attr = split_target(t)
-        depth, f = 0, _raw(owner, attr)
+        depth, f = 0, stored_attribute(owner, attr)
         f = getattr(f, "__func__", f)
         while f is not None and marked_by(f) == name:
             depth += 1

@@ -47,7 +47,7 @@ def harness(monkeypatch, fail=False):
         fn()  # what a capture records; nothing runs on the device
         return Graph(log)
 
-    monkeypatch.setattr(graphed, "_capturing", lambda: False)
+    monkeypatch.setattr(graphed, "capturing", lambda: False)
     monkeypatch.setattr(graphed, "_capture", capture)
     owner = SimpleNamespace()
     return owner, log, lambda: log.append("eager")
@@ -107,7 +107,7 @@ def test_off_cuda_and_inside_a_capture_the_work_runs_as_it_is(monkeypatch):
     owner, log, fn = harness(monkeypatch)
     for _ in range(3):
         graphed.run(owner, "cpu", fn, [torch.zeros(3)])
-    monkeypatch.setattr(graphed, "_capturing", lambda: True)
+    monkeypatch.setattr(graphed, "capturing", lambda: True)
     for _ in range(3):
         graphed.run(owner, "in-capture", fn, [FakeCuda(100)])
     assert log == ["eager"] * 6

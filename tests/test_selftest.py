@@ -114,8 +114,9 @@ def test_a_saved_target_holds_the_weights_of_its_reference(name, saved):
     if kind == "eagle3":
         with open(os.path.join(draft, "config.json")) as f:
             assert json.load(f)["architectures"] == ["LlamaForCausalLMEagle3"]
-    elif kind == "mtp":  # the MTP layers are in the target's own checkpoint, which is the draft path
-        assert draft == target and cfg["num_nextn_predict_layers"] >= 1
+    elif kind == "mtp":  # the MTP layers: in the target's own checkpoint (MiMo-V2) or in one of their own (Step3.5)
+        with open(os.path.join(draft, "config.json")) as f:
+            assert json.load(f)["architectures"] == [t.ARCHITECTURE] and cfg["num_nextn_predict_layers"] >= 1
     served = {k.removeprefix("language_model."): v.float() for k, v in load_file(os.path.join(target, "model.safetensors")).items()
               if not k.startswith("model.mtp.")}
     ref = t.hf_model().state_dict()
@@ -356,6 +357,13 @@ class Runner:
                        plugin_log=() if name.endswith("_stock") else (APPLIED_X,))
 
 
+# The command's tests below: its rows judged, with fake servers and the GPU, sglang's options and
+# doctor's report given: the same on every release (noxfile.CLI_VERSIONS). What the installed
+# release adds is whether sglang serves Llama 4 and the float32 reference's transformers, tested
+# on every release by test_availability_is_read_from_the_installed_sglang and the targets' tests above.
+JUDGING_ONLY = pytest.mark.release_independent
+
+
 @pytest.fixture(scope="module")
 def llama4_ref():
     """The float32 tokens of the target the command tests run (Llama 4: the cheapest on a CPU)."""
@@ -376,6 +384,7 @@ def _selftest(tmp_path, runner, *argv, expect=2.4, needed=("x",), gpu=H100, flag
                         packages=("sglang_swa_plugin",))
 
 
+@JUDGING_ONLY
 def test_the_selftest_passes_when_every_plugin_row_is_exact(tmp_path, llama4_ref, capsys):
     refused = {"state": judging.REFUSED, "error": "AssertionError: Llama4 does not support flashinfer"}
     wrong_stock = lambda ref: _served([[0] + o[1:] for o in ref], 1.0, plugin_log=())
@@ -397,6 +406,7 @@ def test_the_selftest_passes_when_every_plugin_row_is_exact(tmp_path, llama4_ref
     assert lines[-1].startswith("OK: 9 plugin row(s)") and "6 refused by sglang" in lines[-1], lines[-1]
 
 
+@JUDGING_ONLY
 def test_the_selftest_fails_on_each_bad_plugin_row(tmp_path, llama4_ref, capsys):
     bad = {"llama4/fa3/k2/plugin": (lambda ref: _served([o[:-1] + [0] for o in ref], 2.0),
                                     "WRONG TOKENS (first divergence at token 4-15: 2)"),
@@ -416,6 +426,7 @@ def test_the_selftest_fails_on_each_bad_plugin_row(tmp_path, llama4_ref, capsys)
     assert report["rows"]["llama4/fa3/k1/plugin"]["result"] == "OK"
 
 
+@JUDGING_ONLY
 def test_the_selftest_fails_when_nothing_was_served(tmp_path, llama4_ref, capsys):
     refused = {"state": judging.REFUSED, "error": "AssertionError: no"}
     everything_refused = Runner(llama4_ref, {f"llama4_{b}_{m}_plugin": refused for b in rows.BACKENDS for m in rows.MODES})
@@ -436,6 +447,7 @@ TypeError: FlashInferAttnBackend.forward_decode() got an unexpected keyword argu
 """
 
 
+@JUDGING_ONLY
 def test_a_plugin_row_that_stops_as_stock_does_is_sglangs_own_failure(tmp_path, llama4_ref, capsys):
     """A plugin row that did not start or crashed gets its stock twin run after the matrix;
     the same state and the same exception at the same sglang frame without the plugin, with no
@@ -485,6 +497,7 @@ def cpu_side_once(monkeypatch):
         "problems": [], "ok": True})
 
 
+@JUDGING_ONLY
 def test_a_speculative_row_below_its_expected_acceptance_fails(tmp_path, llama4_ref, capsys, cpu_side_once):
     """The tokens are all right; the accept length is not: a draft that reads the wrong keys.
     The expectation is asked once per target and mode, with every seed's prompts and the
@@ -511,6 +524,7 @@ def test_a_speculative_row_below_its_expected_acceptance_fails(tmp_path, llama4_
     assert report["counts"] == {judging.OK: 2, judging.LOW_ACCEPT: 1, judging.NO_SPECULATION: 1, judging.NO_EXPECTED: 2}
 
 
+@JUDGING_ONLY
 def test_a_row_without_a_needed_fix_fails(tmp_path, llama4_ref, capsys, cpu_side_once):
     partly = Runner(llama4_ref, {"llama4_fa3_plain_plugin": lambda ref: _served(
         [list(o) for o in ref], plugin_log=(APPLIED_X, "[2026-01-01 12:00:00] sglang-swa-plugin: fix y: skipped (moved)"))})
@@ -526,6 +540,7 @@ def test_a_row_without_a_needed_fix_fails(tmp_path, llama4_ref, capsys, cpu_side
     assert "PROBLEM: which fixes are needed here is not known: no report" in out and "row(s) failed" not in out
 
 
+@JUDGING_ONLY
 def test_a_required_row_that_did_not_run_fails(tmp_path, llama4_ref, capsys, cpu_side_once):
     """By default every row of each backend this GPU runs is required: on a sglang without
     Hopper's trtllm_mha decode flags, its rows are not run, and that fails; --require names
@@ -551,6 +566,7 @@ def test_a_required_row_that_did_not_run_fails(tmp_path, llama4_ref, capsys, cpu
                     "acceptance"), last
 
 
+@JUDGING_ONLY
 def test_the_prefix_rows_send_every_request_twice(tmp_path, llama4_ref, capsys, cpu_side_once):
     def second_time_wrong(ref):
         res = _served([list(o) for o in ref] + [[0] + o[1:] for o in ref], 2.5)

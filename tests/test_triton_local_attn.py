@@ -107,7 +107,7 @@ def test_a_tree_verify_reads_its_chunk_and_a_chain_past_the_chunk_is_named_once(
 
     from sglang_swa_plugin.check import triton_local_attn as sc
     from sglang_swa_plugin.check.fa3_spec_translate import verify_input
-    from sglang_swa_plugin.check.triton_swa_draft import cpu_triton
+    from sglang_swa_plugin.check.triton_bench import cpu_triton
 
     skip_unless_needed(FIX)
     lens = sc.VERIFY_LENS
@@ -162,7 +162,7 @@ def test_the_tree_rail_replays_from_the_batch_buffers_without_a_sync():
     from cpu_graph import replayed_tree_rail
     from sglang_swa_plugin.check import triton_local_attn as sc
     from sglang_swa_plugin.check.fa3_spec_translate import verify_input
-    from sglang_swa_plugin.check.triton_swa_draft import cpu_triton
+    from sglang_swa_plugin.check.triton_bench import cpu_triton
 
     from interpreted import tree_inputs
 

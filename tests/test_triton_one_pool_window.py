@@ -119,7 +119,7 @@ def test_it_composes_with_triton_swa_window():
     skip_unless_needed(triton_swa_window.FIX)
     with fixed_alone(FIX, _methods()), fix_in_effect(triton_swa_window.FIX):
         runner = scen.build_runner()
-        backend = scen.build_backend(runner)
+        backend = scen.make_backend(runner)
         backend.init_cuda_graph_state(4, 4)
         decode = scen._decode(runner, backend)
     assert backend.sliding_window_size == WINDOW and runner.sliding_window_size is None
@@ -136,9 +136,9 @@ def test_the_multi_step_draft_backend_gets_the_window_too():
     skip_unless_needed(FIX)
     runner = scen.build_runner(spec_algorithm="EAGLE")
     with methods_alone(FIX, _methods()):
-        stock = scen.build_backend(runner, "TritonMultiStepDraftBackend", 1, 3)
+        stock = scen.make_backend(runner, "TritonMultiStepDraftBackend", 1, 3)
     with fixed_alone(FIX, _methods()):
-        fixed = scen.build_backend(runner, "TritonMultiStepDraftBackend", 1, 3)
+        fixed = scen.make_backend(runner, "TritonMultiStepDraftBackend", 1, 3)
     assert [b.sliding_window_size for b in stock.attn_backends] == [None, None]
     assert [b.sliding_window_size for b in fixed.attn_backends] == [WINDOW, WINDOW]
     assert all(b.window_kv_indptr is not None for b in fixed.attn_backends)
@@ -190,7 +190,7 @@ def test_a_hybrid_pool_runner_is_left_untouched():
     assert tw.one_pool_window(runner) is None
     with fix_in_effect(FIX):
         runner.sliding_window_size = WINDOW
-        backend = scen.build_backend(runner)
+        backend = scen.make_backend(runner)
     assert backend.sliding_window_size == WINDOW and runner.sliding_window_size == WINDOW
 
 
@@ -201,7 +201,7 @@ def test_a_model_with_its_own_window_method_is_left_untouched():
     assert runner.sliding_window_size is None
     assert tw.one_pool_window(runner) is None
     with fixed_alone(FIX, _methods()):
-        backend = scen.build_backend(runner)
+        backend = scen.make_backend(runner)
     assert backend.sliding_window_size is None and runner.sliding_window_size is None
 
 

@@ -176,7 +176,7 @@ def test_the_window_rail_replays_from_the_batch_buffers_without_a_sync():
     import torch
 
     from cpu_graph import replayed_tree_rail
-    from sglang_swa_plugin.check import triton_swa_draft as sd
+    from sglang_swa_plugin.check import triton_bench as sd
     from sglang_swa_plugin.check.fa3_spec_translate import verify_input
 
     from interpreted import tree_inputs

@@ -60,7 +60,7 @@ def test_extend_prefix_rail_keeps_its_offsets_consistent():
     import torch
 
     mod = importlib.import_module(tw.MODULE)
-    from sglang_swa_plugin.check import triton_swa_draft as base
+    from sglang_swa_plugin.check import triton_bench as base
 
     env = base.build()
     with fixed_alone(FIX, _methods()), base.cpu_triton(env.backend, []):

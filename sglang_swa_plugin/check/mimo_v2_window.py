@@ -9,68 +9,8 @@ rail). Right: all three agree on every sliding layer of both models, full layers
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from . import Outcome, print_outcome
-from .gemma4_window import QUERY, _model_keys, _sglang_keys
-from .testbed import tensor_parallel_of_one
-
-
-def _runner_window(model, window: int):
-    """The runner's window for ``model``: sglang's own rule where it is a function (0.5.16+:
-    ``resolve_sliding_window_size``), else the same rule as the runner's method states it."""
-    from sglang_swa_plugin.probe import optional_module
-
-    rule = getattr(optional_module("sglang.srt.model_executor.model_runner_components.load_model_utils"),
-                   "resolve_sliding_window_size", None)
-    if rule is not None:
-        return rule(model, SimpleNamespace(is_hybrid_swa=True, sliding_window_size=window, attention_chunk_size=None))
-    return model.get_attention_sliding_window_size() if hasattr(model, "get_attention_sliding_window_size") else window
-
-
-def _dp_attention_of_one(config) -> None:
-    """Releases whose model layers read the attention data-parallel sizes at build time
-    (0.5.11+ where not yet set): sglang's own initialisation for one CPU process without DP
-    attention, once. The process's published server args, on the CPU (another scenario may
-    have published them without a device)."""
-    import copy
-
-    import torch
-
-    from sglang_swa_plugin.probe import optional_module
-
-    dp = optional_module("sglang.srt.layers.dp_attention")
-    if dp is None or getattr(dp, "_ATTN_DP_SIZE", 0) is not None or not hasattr(dp, "initialize_dp_attention"):
-        return
-    from sglang.srt.server_args import get_global_server_args
-
-    args = copy.copy(get_global_server_args())  # no __post_init__: the same fields
-    args.device = "cpu"
-    dp.initialize_dp_attention(args, SimpleNamespace(hf_config=config, hidden_size=config.hidden_size,
-                                                     dtype=torch.bfloat16))
-
-
-def _build(cls, config, seen: dict):
-    """``cls(config)``; where sglang's rotary embedding cannot be built on this machine (its CPU
-    fallback imports vLLM's custom ops) the rope factory is recorded instead (``seen["rope"]``)."""
-    import sys
-
-    import torch
-
-    from sglang_swa_plugin.probe import swapped
-
-    try:
-        model = cls(config)
-        seen.setdefault("rope", "sglang's")
-        return model
-    except ModuleNotFoundError as e:
-        if "vllm" not in str(e):
-            raise
-    module = sys.modules[cls.__module__]
-    base = sys.modules[module.MiMoV2Attention.__module__]
-    with swapped(base, "get_rope", lambda *a, **k: torch.nn.Identity()):
-        seen["rope"] = "recorded (no vLLM custom ops on this machine)"
-        return cls(config)
+from .model_window import build, one_process, window_outcome
 
 
 def scenario() -> Outcome:
@@ -88,30 +28,18 @@ def scenario() -> Outcome:
     if form is None:
         raise ScenarioUnavailable("this sglang has no MiMo-V2 model")
     module, nextn, model_class = form
-    tensor_parallel_of_one()
     config = PretrainedConfig(**mimo_v2.sglang_config())
     config.encoder_only = False
-    _dp_attention_of_one(config)
-    window = config.sliding_window_size
-    seen, bug = {}, False
-    models = {"target": _build(getattr(module, model_class), config, seen)}
+    one_process(config)
+    rope, seen = module.MiMoV2Attention.__module__, {}
+    models = {"target": build(getattr(module, model_class), config, seen, rope)}
     if nextn is not None:
         draft = PretrainedConfig(**{**mimo_v2.sglang_config(), "architectures": ["MiMoV2MTP"],
                                     "num_nextn_predict_layers": 1})
         draft.encoder_only = False
-        models["mtp"] = _build(nextn.MiMoV2MTP, draft, seen)
-    model_keys = _model_keys(SimpleNamespace(sliding_window=window), "sliding_attention")
-    for name, model in models.items():
-        runner = _runner_window(model, window)
-        layers = [model.model.mtp_block] if name == "mtp" else list(model.model.layers)
-        for i, layer in enumerate(layers):
-            size = layer.self_attn.attn.sliding_window_size
-            sliding = name == "mtp" or mimo_v2.LAYER_TYPES[i] == "sliding_attention"
-            got = {"model": model_keys if sliding else QUERY + 1, "layer": _sglang_keys(size),
-                   "runner": _sglang_keys(runner) if sliding else QUERY + 1, "sliding_window_size": size}
-            bug |= not got["model"] == got["layer"] == got["runner"]
-            seen[f"{name}_{i}"] = got
-    return Outcome(bug, seen)
+        models["mtp"] = build(nextn.MiMoV2MTP, draft, seen, rope)
+    return window_outcome(models, config.sliding_window_size, seen=seen, sliding=lambda name, i: name == "mtp"
+                          or mimo_v2.LAYER_TYPES[i] == "sliding_attention")
 
 
 def reproduce() -> bool:

@@ -1,5 +1,6 @@
 """CPU scenario of ``step3p5_window``: sglang's real Step3.5 target and MTP draft models (the
-selftest's tiny Step3.5 config: 45 layers, window 16, tensor parallelism of one process) and
+selftest's tiny Step3.5 config: 4 layers, its MTP checkpoint's 45, window 16, tensor parallelism of
+one process) and
 the number of keys a query far past the window attends, three ways: the model's
 (transformers' sliding-window mask, the one its Step3p7 text model builds), each sliding
 layer's (sglang's rule ``q - k <= sliding_window_size`` on the RadixAttention it built) and the
@@ -9,46 +10,23 @@ Right: all three agree on every sliding layer of both models, full layers have n
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from . import Outcome, print_outcome
-from .gemma4_window import QUERY, _model_keys, _sglang_keys
-from .mimo_v2_window import _dp_attention_of_one, _runner_window
-from .testbed import tensor_parallel_of_one
+from .model_window import build, one_process, window_outcome
+
+MODULE = "sglang.srt.models.step3p5"
 
 
-def config(**changes):
+def config(depth=None, **changes):
     """sglang's Step3p5Config of the selftest's tiny Step3.5 (what its ModelConfig loads from
-    the checkpoint's config.json), with ``changes`` (the draft's architecture)."""
+    the checkpoint's config.json; ``depth``: the decoder layers it declares, the MTP
+    checkpoint's DRAFT_DEPTH), with ``changes`` (the draft's architecture)."""
     from sglang.srt.configs.step3p5 import Step3p5Config
 
     from sglang_swa_plugin.selftest.targets import step3p5
 
-    cfg = Step3p5Config(**{**step3p5.sglang_config(), **changes})
+    cfg = Step3p5Config(**{**step3p5.sglang_config(depth=depth or step3p5.L), **changes})
     cfg.encoder_only = False  # what sglang's ModelConfig sets
     return cfg
-
-
-def build(cls, cfg, seen: dict):
-    """``cls(cfg)``, with sglang's rotary embedding where it builds on this machine; where its CPU
-    fallback imports vLLM's custom ops, step3p5's rope factory is recorded instead
-    (``seen["rope"]``): the window is set apart from it."""
-    import sys
-
-    import torch
-
-    from sglang_swa_plugin.probe import swapped
-
-    try:
-        model = cls(cfg)
-        seen.setdefault("rope", "sglang's")
-        return model
-    except ModuleNotFoundError as e:
-        if "vllm" not in str(e):
-            raise
-    with swapped(sys.modules["sglang.srt.models.step3p5"], "get_rope", lambda *a, **k: torch.nn.Identity()):
-        seen["rope"] = "recorded (no vLLM custom ops on this machine)"
-        return cls(cfg)
 
 
 def scenario() -> Outcome:
@@ -59,29 +37,18 @@ def scenario() -> Outcome:
     from sglang_swa_plugin.probe import optional_module
     from sglang_swa_plugin.selftest.targets import step3p5
 
-    module, mtp = optional_module("sglang.srt.models.step3p5"), optional_module("sglang.srt.models.step3p5_mtp")
+    module, mtp = optional_module(MODULE), optional_module("sglang.srt.models.step3p5_mtp")
     if module is None:
         raise ScenarioUnavailable("this sglang has no Step3.5 model")
-    tensor_parallel_of_one()
     cfg = config()
-    _dp_attention_of_one(cfg)
-    window = cfg.sliding_window
-    seen, bug = {}, False
-    models = {"target": build(module.Step3p5ForCausalLM, cfg, seen)}
+    one_process(cfg)
+    seen = {}
+    models = {"target": build(module.Step3p5ForCausalLM, cfg, seen, MODULE)}
     if mtp is not None:
-        models["mtp"] = build(mtp.Step3p5MTP, config(architectures=["Step3p5MTP"]), seen)
-    model_keys = _model_keys(SimpleNamespace(sliding_window=window), "sliding_attention")
-    for name, model in models.items():
-        runner = _runner_window(model, window)
-        layers = [model.model.mtp_block] if name == "mtp" else list(model.model.layers)[:4]
-        for i, layer in enumerate(layers):
-            size = layer.self_attn.attn.sliding_window_size
-            sliding = step3p5.ALL_TYPES[step3p5.L + i if name == "mtp" else i] == "sliding_attention"
-            got = {"model": model_keys if sliding else QUERY + 1, "layer": _sglang_keys(size),
-                   "runner": _sglang_keys(runner) if sliding else QUERY + 1, "sliding_window_size": size}
-            bug |= not got["model"] == got["layer"] == got["runner"]
-            seen[f"{name}_{i}"] = got
-    return Outcome(bug, seen)
+        draft = config(step3p5.DRAFT_DEPTH, architectures=["Step3p5MTP"])
+        models["mtp"] = build(mtp.Step3p5MTP, draft, seen, MODULE)
+    return window_outcome(models, cfg.sliding_window, seen=seen, layers=step3p5.L, sliding=lambda name, i: name == "mtp"
+                          or step3p5.LAYER_TYPES[i] == "sliding_attention")
 
 
 def reproduce() -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from . import Outcome, print_outcome
-from .triton_swa_draft import MODULE, cpu_triton, decode_graph_metadata, triton_backend
+from .triton_bench import MODULE, cpu_triton, decode_graph_metadata, triton_backend
 
 CHUNK = 8
 PREFIXES, EXTENDS = (13, 0, 5), (10, 7, 3)  # 13..22 crosses 16; 0..6 and 5..7 stay in one chunk

@@ -13,15 +13,14 @@ own ids; the runner keeps the window sglang gave it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import tempfile
 from types import SimpleNamespace
 
 from . import Outcome, print_outcome
+from .triton_bench import MODULE, cpu_triton, layer_call, make_backend
 
-MODULE = "sglang.srt.layers.attention.triton_backend"
 WINDOW = 7
 LAYERS = 4
 SEQ_LENS = (21, 5, 13)  # longer than, shorter than, longer than the window
@@ -97,30 +96,6 @@ def build_runner(one_pool: bool = True, model=None, arch: str = "MiMoV2FlashForC
     return runner
 
 
-def build_backend(runner, cls: str = "TritonAttnBackend", *args):
-    """``TritonAttnBackend(runner)`` (or another class of the module, e.g.
-    ``TritonMultiStepDraftBackend(runner, topk, steps)``), looked up on its module at call time
-    (hooks included)."""
-    import importlib
-
-    import torch
-
-    from sglang_swa_plugin.probe import swapped
-
-    from . import testbed as tb
-    from .triton_swa_draft import _no_decode_context_parallel
-
-    tri = importlib.import_module(MODULE)
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(tb._single_rank_parallel())
-        stack.enter_context(_no_decode_context_parallel())
-        if hasattr(tri, "get_attention_tp_size"):
-            stack.enter_context(swapped(tri, "get_attention_tp_size", lambda: 1))
-        if hasattr(tri, "is_arch_support_pdl") and not torch.cuda.is_available():  # a device query (some main builds)
-            stack.enter_context(swapped(tri, "is_arch_support_pdl", lambda: False))
-        return getattr(tri, cls)(runner, *args)
-
-
 def _decode(runner, backend) -> dict:
     """A DECODE batch through a sliding layer of the model's window: the keys its Triton decode
     kernel got per request, against the tail of the request's row of ``req_to_token``."""
@@ -128,7 +103,6 @@ def _decode(runner, backend) -> dict:
     from sglang.srt.layers.radix_attention import RadixAttention
 
     from . import testbed as tb
-    from .triton_swa_draft import _decode_call, cpu_triton
 
     cfg = runner.model_config
     tokens = [tb.alloc_tokens(runner.token_to_kv_pool_allocator, n) for n in SEQ_LENS]
@@ -147,7 +121,7 @@ def _decode(runner, backend) -> dict:
         if getattr(backend.forward_metadata, "window_kv_indices", None) is None:
             return {"right": False, "why": "forward_metadata.window_kv_indptr/indices are None: the sliding "
                                            "layer's kernel gets None (a Triton CompilationError on a GPU)"}
-        call = _decode_call(env, backend, fb, calls)
+        call = layer_call(env, backend, fb, calls)
     if "error" in call or call["kv_indices"] is None:
         return {"right": False, "why": call.get("error") or "window_kv_indices=None"}
     indptr, indices, per_req, keys = call["kv_indptr"], call["kv_indices"], [], []
@@ -171,7 +145,7 @@ def scenario() -> Outcome:
         raise ScenarioUnavailable(f"no Triton attention backend: {MODULE}")
     runner = build_runner()
     before = runner.sliding_window_size
-    backend = build_backend(runner)
+    backend = make_backend(runner)
     seen = {"model_window": runner.model_config.sliding_window_size, "runner_window": before,
             "backend_window": backend.sliding_window_size,
             "window_buffers": getattr(backend, "window_kv_indptr", None) is not None}

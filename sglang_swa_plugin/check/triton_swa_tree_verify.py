@@ -17,7 +17,7 @@ import inspect
 
 from . import Outcome, print_outcome
 from .testbed import ancestors, tree_inputs
-from .triton_swa_draft import DRAFT_TOKENS, MODULE, WINDOW, build, cpu_triton, triton_backend
+from .triton_bench import DRAFT_TOKENS, MODULE, WINDOW, build, cpu_triton, triton_backend
 
 LENS = (21, 6, 14)  # longer than, shorter than, longer than the window
 PARENT = (-1, 0, 0, 1)
@@ -43,7 +43,7 @@ def deterministic_args(runner):
 
 
 def build_deterministic(n: int):
-    """``triton_swa_draft.build()``'s pool, runner and requests with a TritonAttnBackend built under
+    """``triton_bench.build()``'s pool, runner and requests with a TritonAttnBackend built under
     deterministic inference (its extends run sglang's unified kernel), for ``n`` drafts per request."""
     env = build()
     with deterministic_args(env.runner):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 
 from . import Outcome, print_outcome
-from .triton_swa_draft import MODULE, WINDOW, _decode_call, build, cpu_triton, decode_graph_metadata
+from .triton_bench import MODULE, WINDOW, build, cpu_triton, decode_graph_metadata, layer_call
 
 SEQ_LENS = (21, 6, 14)  # longer than, shorter than, longer than the window
 REPLAY_SEQ_LENS = (10, 17, 3)
@@ -54,14 +54,14 @@ def scenario() -> Outcome:
     with cpu_triton(be, calls):
         fb = _decode_batch(env, SEQ_LENS)
         be.init_forward_metadata(fb)
-        seen["eager"] = _judge(env, _decode_call(env, be, fb, calls), SEQ_LENS)
+        seen["eager"] = _judge(env, layer_call(env, be, fb, calls), SEQ_LENS)
         captured = None
         for phase, lens in (("capture", SEQ_LENS), ("replay", REPLAY_SEQ_LENS)):
             fb = _decode_batch(env, lens)
             decode_graph_metadata(be, fb, phase)
             captured = be.forward_metadata if phase == "capture" else captured
             be.forward_metadata = captured
-            seen[phase] = _judge(env, _decode_call(env, be, fb, calls), lens)
+            seen[phase] = _judge(env, layer_call(env, be, fb, calls), lens)
     seen["graph_window_buffer"] = {"slots": be.cuda_graph_window_kv_indices.numel(), "needed": 4 * (WINDOW + 1)}
     return Outcome(any(not v["right"] for k, v in seen.items() if k != "graph_window_buffer"), seen)
 

@@ -27,6 +27,11 @@ spec_utils.py, eagle_info.py, models/llama_eagle3.py and models/mimo_v2_nextn.py
   (``MultiLayerEagleWorker``) runs step k as layer k's extend over the same positions, its
   input ids shifted once more per step with the previous step's prediction appended (kept in
   that layer's cache afterwards), every step reading the target's pre-norm hidden state;
+- Step3.5's MTP layers (models/step3p5_mtp.py, a checkpoint of their own): as MiMo-V2's, with
+  Gemma's norms (1 + w), per-head q/k norms before RoPE, the head-wise sigmoid gate and the
+  shared head's norm and head; multi-layer EAGLE only, its steps chained
+  (``chain_mtp_hidden_states``: step k reads the residual step k - 1 left, step 0 the target's
+  pre-norm hidden state);
 - the figure is sglang's: completion tokens (the prefill's token included) over verify steps,
   summed over all requests; a request ends at ``len(output)`` tokens.
 What is approximated: float32 instead of bf16 (the drafts are built with bf16-safe margins);
@@ -50,7 +55,7 @@ FAULTS = ("shift", "window-1", "window+1")  # the draft-side reading errors ``fa
 # A row's accept length may fall this far below the expectation (bf16, the server's scheduling);
 # every fault above lowers the expectation of every selftest target and mode by more.
 TOLERANCE = 0.3
-MTP_ARCHITECTURES = {"MiMoV2FlashForCausalLM"}  # targets whose MTP layers the emulation knows
+MTP_ARCHITECTURES = {"MiMoV2FlashForCausalLM", "Step3p5ForCausalLM"}  # targets whose MTP layers the emulation knows
 
 
 def expected_accept(target_module: ModuleType, spec, prompts: Sequence[Sequence[int]], new_tokens: int,
@@ -62,7 +67,9 @@ def expected_accept(target_module: ModuleType, spec, prompts: Sequence[Sequence[
     a shorter output ends its request there), sglang's speculative data flow with the target
     and the draft computed in float32. None where it is not computable: no spec, a draft kind
     the target does not have, a target without a float32 reference here, MTP layers of an
-    architecture other than MTP_ARCHITECTURES, multi-layer EAGLE with topk > 1, no requests.
+    architecture other than MTP_ARCHITECTURES, multi-layer EAGLE with topk > 1, Step3.5's MTP
+    other than as multi-layer EAGLE (sglang's Step3p5MTP loads only as one of its layers, with
+    a ``draft_model_idx``: NEXTN's one-layer draft stops at its weights), no requests.
 
     ``fault`` (one of FAULTS; None: the draft as sglang should run it) makes the draft read
     wrong keys: "shift": every cached key but the query's own is read from the slot before;
@@ -87,10 +94,13 @@ def expected_accept(target_module: ModuleType, spec, prompts: Sequence[Sequence[
         target_dir, draft_dir = saved or _saved(target_module.__name__)
         states = _TargetStates(model, target_module)
         if spec.draft == "mtp":
-            cfg = _config(target_dir)
+            cfg = _config(draft_dir)  # MiMo-V2: the target's own checkpoint; Step3.5: the MTP layers' own
             if not set(cfg.get("architectures") or ()) & MTP_ARCHITECTURES:
                 return None
-            layers = _mtp_layers(target_dir)
+            step3p5 = cfg.get("model_type") == "step3p5"
+            if step3p5 and spec.algorithm.upper() != "EAGLE":
+                return None
+            layers = _step3p5_mtp_layers(draft_dir, cfg) if step3p5 else _mtp_layers(draft_dir)
             embed, head = states.embed_and_head()
             if spec.algorithm.upper() == "EAGLE":  # multi-layer EAGLE: step k runs MTP layer k
                 drafts = [_Draft("mtp", layers[min(k, len(layers) - 1)], cfg, embed, head, fault)
@@ -161,6 +171,23 @@ def _mtp_layers(path: str) -> list:
         m = re.match(r"(?:model\.)?mtp\.layers\.(\d+)\.(.+)", k)
         if m:
             layers.setdefault(int(m.group(1)), {})[m.group(2).replace("pre_mlp_layernorm", "post_attention_layernorm")] = v
+    if not layers:
+        raise ValueError(f"no MTP layers in {path}")
+    return [layers[n] for n in sorted(layers)]
+
+
+def _step3p5_mtp_layers(path: str, cfg: dict) -> list:
+    """Step3.5's MTP layers (``model.layers.{num_hidden_layers + k}.``, ``transformer.`` dropped,
+    as sglang's Step3p5MTP names them) under the names ``_Draft`` reads: every norm weight as
+    the factor it is (Gemma's 1 + w), the shared head's norm as ``final_layernorm``."""
+    import re
+
+    first, layers = cfg["num_hidden_layers"], {}
+    for k, v in _tensors(path).items():
+        m = re.match(r"model\.layers\.(\d+)\.(?:transformer\.)?(.+)", k)
+        if m and int(m.group(1)) >= first:
+            name = m.group(2).replace("shared_head.norm.", "final_layernorm.")
+            layers.setdefault(int(m.group(1)), {})[name] = v + 1.0 if name.endswith("norm.weight") else v
     if not layers:
         raise ValueError(f"no MTP layers in {path}")
     return [layers[n] for n in sorted(layers)]
@@ -245,13 +272,20 @@ class _Draft:
     def __init__(self, kind: str, w: dict, cfg: dict, embed, head, fault: Optional[str]):
         import torch
 
-        self.kind, self.w, self.embed, self.head, self.fault = kind, w, embed, head, fault
+        self.kind, self.w, self.embed, self.fault = kind, w, embed, fault
         if kind == "eagle3":
             self.nh, self.nkv = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
             self.hd = cfg.get("head_dim") or cfg["hidden_size"] // self.nh
             self.vhd, self.rot, self.vscale = self.hd, self.hd, 1.0
             self.theta = (cfg.get("rope_parameters") or {}).get("rope_theta") or cfg.get("rope_theta", 10000.0)
             self.eps, self.window = cfg.get("rms_norm_eps", 1e-6), None
+        elif cfg.get("model_type") == "step3p5":  # Step3.5's MTP layer (models/step3p5_mtp.py): a sliding layer
+            other, n = cfg["attention_other_setting"], cfg["num_hidden_layers"]
+            self.nh, self.nkv, self.hd = other["num_attention_heads"], other["num_attention_groups"], other["head_dim"]
+            self.vhd, self.vscale = self.hd, 1.0
+            self.rot = int(self.hd * cfg["partial_rotary_factors"][n])
+            self.theta, self.eps, self.window = cfg["rope_theta"][n], cfg["rms_norm_eps"], cfg["sliding_window"]
+            head = w.get("shared_head.output.weight", head)
         else:  # MiMo-V2's MTP layer: the sliding layers' attention (models/mimo_v2_nextn.py)
             self.nh, self.nkv = cfg["swa_num_attention_heads"], cfg["swa_num_key_value_heads"]
             self.hd = cfg["swa_head_dim"]
@@ -260,6 +294,8 @@ class _Draft:
             self.vscale = cfg.get("attention_value_scale") or 1.0
             self.theta = cfg.get("swa_rope_theta", cfg.get("rope_theta", 10000.0))
             self.eps, self.window = cfg.get("layernorm_epsilon", 1e-6), cfg["sliding_window_size"]
+        self.head = head
+        self.outputs = None  # the residual leaving the layer at every entry of the last step (chained MTP)
         if self.window is not None and fault in ("window-1", "window+1"):
             self.window += 1 if fault == "window+1" else -1
         self.inv = 1.0 / self.theta ** (torch.arange(0, self.rot, 2, dtype=torch.float32) / self.rot)
@@ -295,15 +331,23 @@ class _Draft:
             x = torch.cat([_rms(e, w["enorm.weight"], eps), _rms(hidden, w["hnorm.weight"], eps)], -1) @ w["eh_proj.weight"].T
             residual, a = x, _rms(x, w["input_layernorm.weight"], eps)
         n = len(tokens)
-        q = self._rope((a @ w[p + "self_attn.q_proj.weight"].T).view(n, self.nh, self.hd), pos)
-        k = self._rope((a @ w[p + "self_attn.k_proj.weight"].T).view(n, self.nkv, self.hd), pos)
+        q = (a @ w[p + "self_attn.q_proj.weight"].T).view(n, self.nh, self.hd)
+        k = (a @ w[p + "self_attn.k_proj.weight"].T).view(n, self.nkv, self.hd)
+        if p + "self_attn.q_norm.weight" in w:  # Step3.5: per-head q/k norms before RoPE
+            q, k = _rms(q, w[p + "self_attn.q_norm.weight"], eps), _rms(k, w[p + "self_attn.k_norm.weight"], eps)
+        q, k = self._rope(q, pos), self._rope(k, pos)
         v = (a @ w[p + "self_attn.v_proj.weight"].T).view(n, self.nkv, self.vhd) * self.vscale
         cache = _Cache(torch.cat([cache.k, k]), torch.cat([cache.v, v]), torch.cat([cache.idx, idx]))
-        att = self._attend(q, idx, cache) @ w[p + "self_attn.o_proj.weight"].T
+        o = self._attend(q, idx, cache)
+        if p + "self_attn.g_proj.weight" in w:  # Step3.5: the head-wise sigmoid gate
+            gate = (a @ w[p + "self_attn.g_proj.weight"].T).sigmoid()
+            o = (o.view(n, self.nh, self.vhd) * gate[..., None]).reshape(n, self.nh * self.vhd)
+        att = o @ w[p + "self_attn.o_proj.weight"].T
         residual = residual + att
         m = _rms(residual, w[p + "post_attention_layernorm.weight"], eps)
         act = torch.nn.functional.silu(m @ w[p + "mlp.gate_proj.weight"].T) * (m @ w[p + "mlp.up_proj.weight"].T)
-        out = (residual + act @ w[p + "mlp.down_proj.weight"].T)[-1]
+        self.outputs = residual + act @ w[p + "mlp.down_proj.weight"].T
+        out = self.outputs[-1]
         normed = _rms(out, w["norm.weight" if self.kind == "eagle3" else "final_layernorm.weight"], eps)
         return normed @ self.head.T, out, normed, cache
 
@@ -433,15 +477,18 @@ def _eagle(draft: _Draft, seq: list, plen: int, n_out: int, hidden, spec) -> int
 def _multi_layer(drafts: list, seq: list, plen: int, n_out: int, hidden, spec) -> int:
     """Verify steps of one request under ``MultiLayerEagleWorker`` (topk 1): every step k an
     extend of MTP layer k over the new positions, its input ids shifted once more, the previous
-    step's prediction appended."""
+    step's prediction appended; Step3.5's steps chained (``chain_mtp_hidden_states``: step k
+    reads the residual step k - 1 left at the same positions, step 0 the target's)."""
     caches = [d.empty() for d in drafts]
+    chained = "shared_head.output.weight" in drafts[0].w
 
     def extend(ids: list, span: range) -> list:
-        chain = []
+        chain, h = [], hidden[span.start:span.stop]
         for k, d in enumerate(drafts):
-            logits, _, _, caches[k] = d.step(ids, hidden[span.start:span.stop], span, span, caches[k])
+            logits, _, _, caches[k] = d.step(ids, h, span, span, caches[k])
             chain.append(int(logits.argmax()))
             ids = ids[1:] + [chain[-1]]
+            h = d.outputs if chained else h
         return chain
 
     chain = extend(seq[1:plen + 1], range(plen))

@@ -408,8 +408,8 @@ row("flashinfer_swa_verify", "target verify (EAGLE topk 2, 2 layers)", "flashinf
 
 def triton_parts(bs: int, per_req: int, steps: int = 4):
     """A TritonAttnBackend runner (gpt_oss, sliding window WINDOW, EAGLE topk 1) over a hybrid
-    pool, as check/triton_swa_draft.build does on the CPU."""
-    from sglang_swa_plugin.check import triton_swa_draft as ct
+    pool, as check/triton_bench.build does on the CPU."""
+    from sglang_swa_plugin.check import triton_bench as ct
 
     tb, pool, alloc, rtt = hybrid_pool(LENGTHS[:bs], per_req, (0, 2), (1, 3), max_context=1100)
     runner = tb.make_model_runner(kv_pool=pool, allocator=alloc, req_to_token_pool=rtt, spec_algorithm="EAGLE",
@@ -424,15 +424,7 @@ def triton_parts(bs: int, per_req: int, steps: int = 4):
 
 @contextlib.contextmanager
 def triton_construction(ct):
-    from sglang_swa_plugin.check import testbed as tb
-    from sglang_swa_plugin.probe import optional_module, swapped
-
-    tri = optional_module(ct.MODULE)
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(tb._single_rank_parallel())
-        stack.enter_context(ct._no_decode_context_parallel())
-        if hasattr(tri, "get_attention_tp_size"):
-            stack.enter_context(swapped(tri, "get_attention_tp_size", lambda: 1))
+    with ct.single_rank() as tri:
         yield tri
 
 
@@ -741,7 +733,7 @@ def triton_tree_verify(bs: int, size: int, model: str, fixes) -> tuple:
     chunk ``size``, gpt_oss: window ``size``) and its TARGET_VERIFY batch (requests of 600-1000
     tokens), prepared for a CUDA-graph capture with ``fixes`` in."""
     from sglang_swa_plugin.check import fa3_spec_translate as fa3_check
-    from sglang_swa_plugin.check import triton_swa_draft as ct
+    from sglang_swa_plugin.check import triton_bench as ct
     from graph_steps import prepare_capture
 
     t = torch()

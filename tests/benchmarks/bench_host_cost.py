@@ -99,7 +99,7 @@ def packed(req_to_token, rows, lens, indptr, starts, out, token_mapping=None) ->
 
 class OneLaunchDraftDecode:
     """``generate_draft_decode_kv_indices[grid](...)`` (topk 1, page size 1) in torch ops for
-    every request at once, counted as one launch (``launch``); ``check.triton_swa_draft``'s
+    every request at once, counted as one launch (``launch``); ``check.triton_bench``'s
     ``DraftDecodeTwin`` loops over requests with host reads."""
 
     def __getitem__(self, grid):
@@ -127,7 +127,7 @@ def cpu_runtime():
     launch on a GPU, on both sides)."""
     from unittest import mock
 
-    from sglang_swa_plugin.check import triton_swa_draft as ct
+    from sglang_swa_plugin.check import triton_bench as ct
     from sglang_swa_plugin.check.flashinfer_swa_verify import _GATHER_MODULES
     from sglang_swa_plugin.check.kernels import cpu_kernels
     from sglang_swa_plugin.fa3_local import FA3_MODULE

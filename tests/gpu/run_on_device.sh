@@ -4,7 +4,7 @@
 # here into the payload's site dir (sglang then finds it through its entry point), and runs
 # the named steps. Output goes to $OUT.
 #   bash tests/gpu/run_on_device.sh STEP [STEP ...]
-# Steps: unpack | unpack12 | smoke | trtllm_eagle_accept | xqa_verify | fa3_seq | fa3_eagle3 | fa3_control | cost | fp8 | fp8w |
+# Steps: unpack | unpack12 | release | smoke | trtllm_eagle_accept | xqa_verify | fa3_seq | fa3_eagle3 | fa3_control | cost | fp8 | fp8w |
 #        guard_kernel | guard_server | gpu_tests | bench_decode | bench_fix_step | graph_kernel | bench_xqa | servers | fi7 | pack |
 #        llama4 | llama4_eagle | llama4_tree | llama4_tree_wide | llama4_exact | gptoss_exact | gemma4_exact | fi_kernel | bench_fi | fi_verify | triton_mtp |
 #        bench_fix_cost | throughput | selftest
@@ -24,6 +24,26 @@ for step in "$@"; do
         [ -d .gpu-payload/$d ] && python3 -m pip install -q --no-index --no-deps --upgrade --target /root/$d .gpu-payload/$d/*.whl
       done
       ls /root/site | grep -i -E "swa|sglang-|sglang_swa" ;;
+    release)  # PAYLOAD=.gpu-payloadNN SITE=/root/siteNN: one release beside others. Each call carries some of the
+              # payload's parts (the machine keeps them while warm); once all are staged they are unpacked into SITE
+              # and the plugin wheel (.gpu-plugin/) installed there. Parts: build-payloads' site.tar.xz.partNN, or
+              # wheels.tar.partNN (the release's wheels as they are: no compression here, unzipped there in parallel).
+              # A release whose payload carries its own torch (0.5.18+) shadows the machine's through PYTHONPATH=SITE.
+      st=/root/stage_$(basename ${PAYLOAD:?PAYLOAD=.gpu-payloadNN}); mkdir -p $st ${SITE:?SITE=/root/siteNN}
+      cp -n $PAYLOAD/p*/* $st/ 2>/dev/null
+      n=$(cat $st/PARTS 2>/dev/null || echo 0); have=$(ls $st/*.part* 2>/dev/null | wc -l)
+      if [ "$n" != 0 ] && [ "$have" = "$n" ] && [ ! -f $st/unpacked ]; then
+        t0=$(date +%s)
+        if ls $st/wheels.tar.part* > /dev/null 2>&1; then
+          mkdir -p $st/w && cat $st/wheels.tar.part* | tar -x -C $st/w && rm -f $st/wheels.tar.part* \
+            && ls $st/w/*.whl | xargs -P 16 -I{} python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" {} $SITE
+        elif command -v xz > /dev/null; then cat $st/site.tar.xz.part* | xz -dc -T0 | tar -x -C $SITE; else
+          cat $st/site.tar.xz.part* | python3 -c "import sys,tarfile; tarfile.open(fileobj=sys.stdin.buffer, mode='r|xz').extractall(sys.argv[1])" $SITE; fi \
+          && touch $st/unpacked && echo "payload unpacked into $SITE in $(( $(date +%s) - t0 )) s"
+      fi
+      [ -f $st/unpacked ] || { echo "have $have of $n parts"; exit 0; }
+      python3 -m pip install -q --no-index --no-deps --upgrade --target $SITE .gpu-plugin/*.whl
+      (cd /tmp && PYTHONPATH=$SITE python3 -c "import torch, sglang, sgl_kernel, flashinfer, triton; from importlib.metadata import version as v; print('$SITE: sglang', v('sglang'), 'sglang-kernel', v('sglang-kernel'), 'flashinfer', v('flashinfer-python'), 'torch', torch.__version__, 'triton', triton.__version__, 'plugin', v('sglang-swa-plugin'), torch.cuda.get_device_name())" 2>&1 | tail -3) ;;
     unpack12)  # a second release beside the first: .gpu-payload12/unpack.sh unpacks into /root/site12
       bash .gpu-payload12/unpack.sh .gpu-payload12 true
       python3 -m pip install -q --no-index --no-deps --upgrade --target /root/site12 .gpu-payload/plugin/*.whl
@@ -124,7 +144,7 @@ for step in "$@"; do
                # progress and target checks in $OUT/selftest.txt, the servers' logs in $OUT/selftest_logs
       st=/tmp/selftest_$(date +%H%M%S)
       (cd /tmp && PYTHONPATH=${SITE:-/root/site} timeout ${STEP_TIMEOUT:-560} python3 -m sglang_swa_plugin.cli selftest \
-        --out $st --json ${SELFTEST_ARGS:-} > "$OUT/selftest.json" 2> "$OUT/selftest.txt"; echo "selftest exit $?")
+        --out $st --json ${PROMPT_SEEDS:+--seeds $PROMPT_SEEDS} ${SELFTEST_ARGS:-} > "$OUT/selftest.json" 2> "$OUT/selftest.txt"; echo "selftest exit $?")
       cp -r $st/logs "$OUT/selftest_logs" 2>/dev/null
       tail -8 "$OUT/selftest.txt"
       (cd /tmp && PYTHONPATH=${SITE:-/root/site} python3 -c "import json, sys; from sglang_swa_plugin.selftest.command import print_matrix; print_matrix(json.load(open(sys.argv[1])))" "$OUT/selftest.json") ;;

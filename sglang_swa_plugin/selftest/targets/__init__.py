@@ -21,7 +21,7 @@ import os
 from types import ModuleType
 from typing import Optional
 
-NAMES = ("gptoss", "llama4", "gemma4", "mimo_v2")
+NAMES = ("gptoss", "llama4", "gemma4", "mimo_v2", "step3p5")
 
 
 def load(name: str) -> ModuleType:

@@ -1,17 +1,19 @@
-"""A tiny Step3.5 (``Step3p5ForCausalLM``: 45 layers, sliding/full alternating, window 16, dense
-MLPs, head-wise attention gate, q/k norms) whose greedy output is decided by its attention
-layers with bf16-safe margins, its float32 reference from transformers' Step3p7 text model and
-the target's lm_head (transformers >= 5.19 reads a ``step3p5`` checkpoint as
-``Step3p7TextConfig``: Step3.5's architecture there; elsewhere this module's own forward, held
-to it), and MTP layers with real weights that predict the target's token after next (sglang's
-``Step3p5MTP``, multi-layer EAGLE).
+"""A tiny Step3.5 (``Step3p5ForCausalLM``: sliding/full/sliding/full, window 16, dense MLPs,
+head-wise attention gate, q/k norms) whose greedy output is decided by every one of its layers
+with bf16-safe margins, its float32 reference from transformers' Step3p7 text model and the
+target's lm_head (transformers >= 5.19 reads a ``step3p5`` checkpoint as ``Step3p7TextConfig``:
+Step3.5's architecture there; elsewhere this module's own forward, held to it), and MTP layers
+with real weights that predict the target's token after next (sglang's ``Step3p5MTP``,
+multi-layer EAGLE, each step fed the previous step's hidden states).
 
     python -m sglang_swa_plugin.selftest.targets.step3p5 [--seeds 1,2,3]      # checks (CPU)
 
-The readout's every-layer design (``readout.design_layer``) on layers 0-3 (LAYERS: sliding
-"ramp" to the OLDEST key of its window, full "first", sliding "peak" at the previous token,
-full "first"); layers 4-44 add nothing; every MLP's down projection is zero. transformers'
-Step3p7 keeps the keys at distance 0 .. sliding_window - 1 (window keys).
+The every-layer design of ``readout`` (LAYERS, as ``mimo_v2``'s): layer 0 (sliding) attends
+the OLDEST key its window lets it see (vote A: the window's exact size decides half of the
+next tokens); layer 2 (sliding) the previous token (B); layers 1 and 3 (full) the first token
+(C, half each); 16 query heads and 8 KV heads, every head writing its own slice of the code;
+every MLP's down projection is zero. transformers' Step3p7 keeps the keys at distance
+0 .. sliding_window - 1 (window keys).
 
 What Step3.5 adds, read from transformers 5.19 (models/step3p7) and sglang 0.5.23
 (models/step3p5.py, models/step3p5_mtp.py), and how the readout survives it:
@@ -22,17 +24,28 @@ What Step3.5 adds, read from transformers 5.19 (models/step3p7) and sglang 0.5.2
   every head to one rms, which the norm weight gives back (``_heads``);
 - a per-head sigmoid gate on the attention output (``g_proj``): zero weights, gate 0.5, o
   doubles;
-- 45 decoder layers: sglang's MTP builds its layer as layer 45 (``layer_id = 45``), reads
-  entry 45 of the per-layer lists, and its attention is layer ``45 - 45 = 0`` of the draft's
-  cache only where the target has 45 layers;
-- dense MLPs only (``moe_layers_enum`` names no layer), no SwiGLU clamp.
+- dense MLPs only (``moe_layers_enum`` names no layer), no SwiGLU clamp;
+- the bf16 model (readout.check's) computes its attention scores and softmax in float32, as
+  sglang's attention kernels do (transformers' sdpa; this module's forward likewise):
+  transformers' eager attention rounds the scores to bf16, and the full layers' first-token
+  ramp (readout's "first": 6 per position, about -700 at a 40-token prompt) loses its steps
+  to bf16's spacing of 4 there;
+- sglang's MTP builds its layer as layer 45 whatever the model's depth (``layer_id = 45``,
+  a FIXME there) and its attention is layer ``45 - num_hidden_layers`` of the draft's
+  one-layer cache: only a checkpoint of 45 layers loads as a draft. The MTP layers are
+  therefore a checkpoint of their own (``save``: the draft path), whose config declares
+  Step-3.5-Flash's 45 layers and carries only the MTP layers ``model.layers.{45,46,47}.*`` and
+  the embedding; the 4-layer target's checkpoint declares its 3 MTP layers and carries none
+  (sglang's target loader skips them either way).
 
-The MTP layers (``model.layers.{45,46,47}.*``, identical; sglang's draft ``Step3p5MTP`` with
-``draft_model_idx`` k loads layer 45 + k into its ``mtp_block``): input
-``eh_proj([enorm(embed(token)) | hnorm(hidden)])`` (the embedding and the target's first-token
-votes), one decoder layer with the sliding layers' window, the shared head's norm and head (the
-target's lm_head). Half of its heads attend the OLDEST key of the window (A), half the previous
-position (B), as ``mimo_v2``'s MTP.
+The MTP layers (identical; sglang's ``Step3p5MTP`` with ``draft_model_idx`` k loads layer
+45 + k into its ``mtp_block``): input ``eh_proj([enorm(embed(token)) | hnorm(hidden)])``, one
+decoder layer with the sliding layers' window, the shared head's norm and head (the target's
+lm_head). Step 0's hidden state is the target's (before its final norm), step k's the
+residual leaving step k - 1 (sglang's ``chain_mtp_hidden_states``): both carry the target's
+first-token votes (C) on layers 1 and 3's areas, which eh_proj passes on. Half of the heads
+attend the OLDEST key of the window (A), half the previous position (B), as ``mimo_v2``'s MTP;
+the residual leaving the layer has the target's final layout.
 """
 
 from __future__ import annotations
@@ -44,41 +57,48 @@ import os
 from . import readout
 from .readout import CONST, H, HD, THETA, V, greedy, prompts  # noqa: F401 (greedy, prompts: the scenario's)
 
-NH, NKV, FF, L = 16, 8, 256, 45
+NH, NKV, FF, L = 16, 8, 256, 4
 HEAD_DIM, ROTARY = 128, 0.5  # Step-3.5-Flash's head dim; RoPE on the first 64 dims (readout's heads)
 Q_PAD, K_PAD = slice(HD, HD + 32), slice(HD + 32, HEAD_DIM)  # pass-through dims that even the q / k norms
 WINDOW = 16
-LAYER_TYPES = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(L)]
-# (vote, read) of layers 0-3 (readout.design_layer: sliding, full, sliding, full); 4-44 add nothing
+LAYER_TYPES = ["sliding_attention", "full_attention"] * 2
+# (vote, read) per layer (readout.design_layer): sliding, full, sliding, full
 LAYERS = (("A", "ramp"), ("C", "first"), ("B", "peak"), ("C", "first"))
 MTP_LAYERS = 3  # num_nextn_predict_layers (Step-3.5-Flash's); multi-layer EAGLE runs one per step
-ALL_TYPES = LAYER_TYPES + ["sliding_attention"] * MTP_LAYERS  # the checkpoint's lists: MTP layers appended
+DRAFT_DEPTH = 45  # the depth sglang's Step3p5MTP takes for granted (its layer is layer 45)
 EPS = 1e-5
 SEED = 31
 
-# What the selftest reads of a target (see gptoss): the MTP layers live inside the target's
-# checkpoint (DRAFT_KIND "mtp", the target's path as draft path); sglang has Step3.5's config
-# class itself (no SERVER_ARGS). OWN_FORWARD: where transformers has no Step3p7TextModel
-# (before 5.19) the reference is this module's forward, whose logits equal that class's
+# What the selftest reads of a target (see gptoss): the MTP layers are the draft (DRAFT_KIND
+# "mtp"), in a checkpoint of their own; sglang has Step3.5's config class itself (no
+# SERVER_ARGS). OWN_FORWARD: where transformers has no Step3p7TextModel (before 5.19) the
+# reference is this module's forward, whose logits equal that class's
 # (tests/test_step3p5_target.py).
 TITLE, ARCHITECTURE, REFERENCE_CLASS = "Step3.5", "Step3p5ForCausalLM", "Step3p7TextModel"
 SIZE, LABEL, HAS_DRAFT, HAS_MTP = WINDOW, "window", False, True
 DRAFT_KIND, SERVER_ARGS, OWN_FORWARD = "mtp", (), True
+# The float32 greedy tokens of the first two prompts of seed 1 (readout.prompts(2, 60, 1)), 12
+# new ones (transformers 5.19's Step3p7TextModel; this module's forward gives the same): what
+# the tests pin (a change of the design changes them).
+PINNED = [[1010, 1045, 1001, 1063, 1051, 1016, 1019, 1023, 1054, 1059, 1041, 1032],
+          [1020, 1010, 1028, 1047, 1019, 1025, 1041, 1055, 1029, 1001, 1015, 1051]]
 
 
-def sglang_config(window: int = WINDOW) -> dict:
-    """config.json of the served checkpoint, with Step-3.5-Flash's keys (``model_type`` step3p5:
-    sglang's Step3p5Config, transformers' Step3p7TextConfig): per-layer lists over the 45
-    layers and the 3 MTP layers, ``attention_other_setting`` for the sliding layers' heads,
-    ``moe_layers_enum`` naming no layer (dense MLPs), no SwiGLU clamp (limits 0), the head-wise
-    gate on."""
-    n = len(ALL_TYPES)
+def sglang_config(window: int = WINDOW, depth: int = L) -> dict:
+    """config.json of a served checkpoint, with Step-3.5-Flash's keys (``model_type`` step3p5:
+    sglang's Step3p5Config, transformers' Step3p7TextConfig): ``depth`` decoder layers (the
+    target's L; the MTP checkpoint's DRAFT_DEPTH, layers it declares and does not carry, of
+    the target's pattern) and the 3 MTP layers in the per-layer lists,
+    ``attention_other_setting`` for the sliding layers' heads, ``moe_layers_enum`` naming no
+    layer (dense MLPs), no SwiGLU clamp (limits 0), the head-wise gate on."""
+    types = [LAYER_TYPES[i % L] for i in range(depth)] + ["sliding_attention"] * MTP_LAYERS
+    n = len(types)
     return dict(
         architectures=["Step3p5ForCausalLM"], model_type="step3p5", vocab_size=V, hidden_size=H,
-        intermediate_size=FF, num_hidden_layers=L, num_attention_heads=NH, num_attention_groups=NKV,
+        intermediate_size=FF, num_hidden_layers=depth, num_attention_heads=NH, num_attention_groups=NKV,
         head_dim=HEAD_DIM, attention_other_setting={"attention_type": "sliding_attention", "num_attention_heads": NH,
                                                     "num_attention_groups": NKV, "head_dim": HEAD_DIM},
-        layer_types=list(ALL_TYPES), sliding_window=window, yarn_only_types=[], rope_theta=[THETA] * n,
+        layer_types=types, sliding_window=window, yarn_only_types=[], rope_theta=[THETA] * n,
         rope_scaling=None, partial_rotary_factors=[ROTARY] * n, max_position_embeddings=4096, max_seq_len=4096,
         rms_norm_eps=EPS, use_head_wise_attn_gate=True, moe_layers_enum=str(n), moe_num_experts=4, moe_top_k=2,
         moe_intermediate_size=FF, share_expert_dim=FF, swiglu_limits=[0.0] * n, swiglu_limits_shared=[0.0] * n,
@@ -136,15 +156,8 @@ def _heads(w: dict, nh: int, nkv: int, units: int) -> dict:
 
 
 def _attention(i: int) -> dict:
-    """Target layer ``i``'s attention: readout's every-layer design for layers 0-3 (LAYERS),
-    nothing for the others."""
-    import torch
-
-    if i < len(LAYERS):
-        return _heads(readout.design_layer(i, LAYERS, NH, NKV, neox=True), NH, NKV, readout.units(i, LAYERS))
-    zero = {"q": torch.zeros(NH * HD, H), "k": torch.zeros(NKV * HD, H), "v": torch.zeros(NKV * HD, H),
-            "o": torch.zeros(H, NH * HD)}
-    return _heads(zero, NH, NKV, readout.units(0, LAYERS))
+    """Target layer ``i``'s attention: readout's every-layer design (LAYERS)."""
+    return _heads(readout.design_layer(i, LAYERS, NH, NKV, neox=True), NH, NKV, readout.units(i, LAYERS))
 
 
 def _mtp_attention() -> dict:
@@ -167,8 +180,8 @@ def weights(seed: int = SEED, draft: bool = False):
     """Float32 state dict of the target under the checkpoint's names (transformers' and
     sglang's: ``model.layers.{i}.self_attn.{q,k,v,o,g}_proj``, ``q_norm``, ``k_norm``,
     ``mlp.{gate,up,down}_proj``); ``draft``: also the MTP layers' weights
-    (``model.layers.{45 + k}.*``, the shared head under ``transformer.shared_head``), as
-    (target, mtp). Every RMSNorm is Gemma's (1 + w): weight 0 passes the value through."""
+    (``model.layers.{DRAFT_DEPTH + k}.*``, the shared head under ``transformer.shared_head``),
+    as (target, mtp). Every RMSNorm is Gemma's (1 + w): weight 0 passes the value through."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -195,7 +208,7 @@ def weights(seed: int = SEED, draft: bool = False):
             eh[c, H + c.start:H + c.stop] = torch.eye(HD) * (readout.units(len(LAYERS), LAYERS) / H) ** 0.5
     mtp, att = {}, _mtp_attention()
     for m in range(MTP_LAYERS):
-        p = f"model.layers.{L + m}."
+        p = f"model.layers.{DRAFT_DEPTH + m}."
         mtp.update(layer(p, att))
         mtp.update({p + "enorm.weight": torch.zeros(H), p + "hnorm.weight": torch.zeros(H), p + "eh_proj.weight": eh,
                     p + "transformer.shared_head.norm.weight": torch.zeros(H),
@@ -211,19 +224,25 @@ def served(sd: dict) -> dict:
 
 
 def save(root: str, seed: int = SEED) -> tuple:
-    """Writes the checkpoint (bf16, target and MTP layers in one, as Step-3.5-Flash ships) and
-    returns (target dir, the same dir: the draft path of sglang's MTP)."""
+    """Writes the target's checkpoint and the MTP layers' (bf16) and returns (target dir, MTP
+    dir: the draft path of sglang's MTP). The MTP checkpoint's config declares DRAFT_DEPTH
+    layers (module docstring) and carries the MTP layers and the embedding (sglang's
+    Step3p5MTP loads its own)."""
     from safetensors.torch import save_file
 
-    target = os.path.join(root, "step3p5_target")
-    os.makedirs(target, exist_ok=True)
     sd, mtp = weights(seed, draft=True)
-    with open(os.path.join(target, "config.json"), "w") as f:
-        json.dump(sglang_config(), f, indent=1)
-    with open(os.path.join(target, "generation_config.json"), "w") as f:
-        json.dump({}, f)
-    save_file(served({**sd, **mtp}), os.path.join(target, "model.safetensors"))
-    return target, target
+    mtp = {"model.embed_tokens.weight": sd["model.embed_tokens.weight"], **mtp}
+    dirs = []
+    for name, depth, tensors in (("step3p5_target", L, sd), ("step3p5_mtp", DRAFT_DEPTH, mtp)):
+        path = os.path.join(root, name)
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump(sglang_config(depth=depth), f, indent=1)
+        with open(os.path.join(path, "generation_config.json"), "w") as f:
+            json.dump({}, f)
+        save_file(served(tensors), os.path.join(path, "model.safetensors"))
+        dirs.append(path)
+    return tuple(dirs)
 
 
 # -- the float32 reference: transformers' Step3p7 text model and the target's lm_head, or (where
@@ -231,9 +250,11 @@ def save(root: str, seed: int = SEED) -> tuple:
 
 
 class _WithHead:
-    """transformers' Step3p7TextModel and an lm_head as a model readout.greedy can call
-    (``model(input_ids=...).logits``); the text model is what transformers builds for a
-    ``step3p5`` checkpoint, its causal LM head is the checkpoint's ``lm_head.weight``."""
+    """transformers' Step3p7TextModel and an lm_head as a model readout.greedy and the
+    acceptance emulation can call (``model(input_ids=...).logits``, ``state_dict``,
+    ``get_decoder``); the text model is what transformers builds for a ``step3p5`` checkpoint,
+    its causal LM head is the checkpoint's ``lm_head.weight``. The ids go to the head's device,
+    the logits come back to the CPU."""
 
     def __init__(self, model, head):
         self.model, self.head = model, head
@@ -243,11 +264,18 @@ class _WithHead:
         """The text model's modules (``layers.N.self_attn.k_proj`` ...: readout.kv_perturbed)."""
         return self.model.named_modules()
 
+    def state_dict(self) -> dict:
+        """The checkpoint's names: ``model.`` and the text model's, ``lm_head.weight``."""
+        return {**{"model." + k: v for k, v in self.model.state_dict().items()}, "lm_head.weight": self.head}
+
+    def get_decoder(self):
+        return self.model
+
     def __call__(self, input_ids):
         from types import SimpleNamespace
 
-        hidden = self.model(input_ids=input_ids).last_hidden_state
-        return SimpleNamespace(logits=hidden @ self.head.T.to(hidden.dtype))
+        hidden = self.model(input_ids=input_ids.to(self.head.device)).last_hidden_state
+        return SimpleNamespace(logits=(hidden @ self.head.T.to(hidden.dtype)).cpu())
 
 
 def has_reference_class() -> bool:
@@ -271,13 +299,16 @@ def reference_source() -> str:
             "the forward's logits equal that class's in the plugin's tests)")
 
 
-def hf_model(window: int = WINDOW, dtype=None, seed: int = SEED, emulate=None):
+def hf_model(window: int = WINDOW, dtype=None, seed: int = SEED, emulate=None, device=None):
     """The target with the served (bf16-rounded) weights, float32 by default: transformers'
-    Step3p7TextModel (eager attention: its sliding-window mask) and the lm_head; where
-    transformers has no such class (or ``emulate``), this module's forward in ``dtype``."""
+    Step3p7TextModel (eager attention: its sliding-window mask; another dtype: sdpa, float32
+    scores as sglang's kernels) and the lm_head; where
+    transformers has no such class (or ``emulate``), this module's forward in ``dtype``. On
+    ``device`` (None: the CPU; ``main --device``), the logits returned on the CPU."""
     import torch
 
-    sd = {k: v.to(torch.bfloat16).float().to(dtype or torch.float32) for k, v in weights(seed).items()}
+    device = torch.device(device or "cpu")
+    sd = {k: v.to(torch.bfloat16).float().to(dtype or torch.float32).to(device) for k, v in weights(seed).items()}
     if emulate is None:
         emulate = not has_reference_class()
     if emulate:
@@ -286,13 +317,13 @@ def hf_model(window: int = WINDOW, dtype=None, seed: int = SEED, emulate=None):
     from transformers import Step3p7TextModel
 
     cfg = config(window)
-    cfg._attn_implementation = "eager"
+    cfg._attn_implementation = "eager" if dtype in (None, torch.float32) else "sdpa"  # bf16: float32 scores
     model = Step3p7TextModel(cfg).eval()
     missing, unexpected = model.load_state_dict(
         {k.removeprefix("model."): v.float() for k, v in sd.items() if k.startswith("model.")}, strict=False)
     missing = [m for m in missing if not m.endswith("e_score_correction_bias")]
     assert not missing and not unexpected, (missing, unexpected)
-    return _WithHead(model.to(dtype or torch.float32), sd["lm_head.weight"])
+    return _WithHead(model.to(device, dtype or torch.float32), sd["lm_head.weight"])
 
 
 def _rms(x, w):
@@ -304,8 +335,9 @@ def _rms(x, w):
 def _layer(sd: dict, p: str, x, window, kv_hook=None, index: int = 0):
     """One Step3.5 decoder layer in x's dtype (x: [B, T, H], positions 0 .. T-1): norm, q/k/v,
     per-head q/k norms, neox RoPE on the first 64 dims, GQA with a causal mask of ``window``
-    keys (None: all), the per-head sigmoid gate, o; then the dense SwiGLU MLP. ``kv_hook(index,
-    out)``: applied to the key and value projections (readout.kv_perturbed)."""
+    keys (None: all; scores and softmax in float32, as sglang's kernels), the per-head sigmoid gate, o;
+    then the dense SwiGLU MLP. ``kv_hook(index, out)``: applied to the key and value
+    projections (readout.kv_perturbed)."""
     import torch
 
     b, t, _ = x.shape
@@ -317,7 +349,7 @@ def _layer(sd: dict, p: str, x, window, kv_hook=None, index: int = 0):
     v = hook(index, a @ sd[p + "self_attn.v_proj.weight"].T).view(b, t, NKV, HEAD_DIM)
     rot = int(HEAD_DIM * ROTARY)
     inv = 1.0 / THETA ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot)
-    ang = torch.arange(t, dtype=torch.float32)[:, None] * inv
+    ang = torch.arange(t, dtype=torch.float32, device=x.device)[:, None] * inv.to(x.device)
     cos, sin = (torch.cat([f(ang)] * 2, -1)[:, None].to(x.dtype) for f in (torch.cos, torch.sin))
 
     def rope(z):
@@ -326,10 +358,10 @@ def _layer(sd: dict, p: str, x, window, kv_hook=None, index: int = 0):
 
     q, k = rope(q).transpose(1, 2), rope(k).transpose(1, 2)
     k, v = k.repeat_interleave(NH // NKV, 1), v.transpose(1, 2).repeat_interleave(NH // NKV, 1)
-    s = q @ k.transpose(2, 3) / math.sqrt(HEAD_DIM)
-    d = torch.arange(t)[:, None] - torch.arange(t)[None, :]
+    s = q.float() @ k.float().transpose(2, 3) / math.sqrt(HEAD_DIM)  # float32 scores (bf16 too: docstring)
+    d = torch.arange(t, device=x.device)[:, None] - torch.arange(t, device=x.device)[None, :]
     allowed = (d >= 0) & (d < window) if window else d >= 0
-    o = (s.masked_fill(~allowed, float("-inf")).softmax(-1) @ v).transpose(1, 2)  # [B, T, NH, HEAD_DIM]
+    o = (s.masked_fill(~allowed, float("-inf")).softmax(-1).to(v.dtype) @ v).transpose(1, 2)  # [B, T, NH, HEAD_DIM]
     o = o * (a @ sd[p + "self_attn.g_proj.weight"].T).sigmoid()[..., None]
     x = x + o.reshape(b, t, NH * HEAD_DIM) @ sd[p + "self_attn.o_proj.weight"].T
     m = _rms(x, sd[p + "post_attention_layernorm.weight"])
@@ -342,33 +374,48 @@ def forward32(sd: dict, ids, window: int = WINDOW, kv_hook=None) -> tuple:
     lm_head): (logits, hidden states before the final norm: what sglang hands its MTP)."""
     import torch
 
-    x = sd["model.embed_tokens.weight"][torch.as_tensor(ids)]
+    emb = sd["model.embed_tokens.weight"]
+    x = emb[torch.as_tensor(ids).to(emb.device)]
     for i, kind in enumerate(LAYER_TYPES):
         x = _layer(sd, f"model.layers.{i}.", x, window if kind == "sliding_attention" else None, kv_hook, i)
     return _rms(x, sd["model.norm.weight"]) @ sd["lm_head.weight"].T, x
 
 
-def mtp_forward32(sd: dict, mtp: dict, ids, hidden, step: int = 0, window: int = WINDOW):
-    """sglang's Step3p5MTP forward (models/step3p5_mtp.py) in float32, as its multi-layer EAGLE
-    draft extend runs step ``step`` (MTP layer 45 + ``step``): position j holds token
-    ids[j + step + 1] and the target's hidden state of position j (before its final norm);
+def mtp_step32(mtp: dict, embed, ids, hidden, step: int = 0, window: int = WINDOW) -> tuple:
+    """One step of sglang's Step3p5MTP (models/step3p5_mtp.py) in float32: MTP layer
+    DRAFT_DEPTH + ``step`` over entries of token ``ids`` [B, T] and ``hidden`` [B, T, H]:
     ``eh_proj(cat(enorm(embed), hnorm(hidden)))``, the decoder layer (sliding window
-    ``window``), the shared head's norm and head. Returns the logits of positions
-    0 .. T - step - 2, each predicting ids[j + step + 2]."""
+    ``window``), the shared head's norm and head. Returns (logits, the residual leaving the
+    layer: the next step's hidden state)."""
     import torch
 
-    p = f"model.layers.{L + step}."
-    ids = torch.as_tensor(ids)
-    e = sd["model.embed_tokens.weight"][ids[:, step + 1:]]
-    h = hidden[:, :e.shape[1]]
-    x = torch.cat([_rms(e, mtp[p + "enorm.weight"]), _rms(h, mtp[p + "hnorm.weight"])], -1) @ mtp[p + "eh_proj.weight"].T
+    p = f"model.layers.{DRAFT_DEPTH + step}."
+    x = torch.cat([_rms(embed[ids], mtp[p + "enorm.weight"]), _rms(hidden, mtp[p + "hnorm.weight"])], -1)
+    x = x @ mtp[p + "eh_proj.weight"].T
     x = _layer(mtp, p, x, window)
-    return _rms(x, mtp[p + "transformer.shared_head.norm.weight"]) @ mtp[p + "transformer.shared_head.output.weight"].T
+    head = p + "transformer.shared_head."
+    return _rms(x, mtp[head + "norm.weight"]) @ mtp[head + "output.weight"].T, x
+
+
+def mtp_forward32(sd: dict, mtp: dict, ids, hidden, step: int = 0, window: int = WINDOW):
+    """The MTP's logits at step ``step`` as sglang's multi-layer EAGLE draft extend computes
+    them over a whole sequence: step k's position j holds token ids[j + k + 1]; step 0's hidden
+    state is the target's of position j (``hidden``: before its final norm), step k's the
+    residual step k - 1 left at position j (``chain_mtp_hidden_states``). Returns the logits
+    of positions 0 .. T - step - 2, each predicting ids[j + step + 2]."""
+    import torch
+
+    ids, embed = torch.as_tensor(ids), sd["model.embed_tokens.weight"]
+    for k in range(step + 1):
+        tokens = ids[:, k + 1:]
+        logits, hidden = mtp_step32(mtp, embed, tokens, hidden[:, :tokens.shape[1]], k, window)
+    return logits
 
 
 class _Emulated:
-    """forward32 as a model readout.greedy can call, in the dtype of ``sd``'s tensors;
-    ``config.layer_types`` and ``kv_hook`` as readout.check reads and sets them."""
+    """forward32 as a model readout.greedy can call, in the dtype (and on the device) of
+    ``sd``'s tensors, the logits returned on the CPU; ``config.layer_types`` and ``kv_hook`` as
+    readout.check reads and sets them, ``sd`` as the acceptance emulation reads it."""
 
     def __init__(self, sd: dict, window: int):
         from types import SimpleNamespace
@@ -379,13 +426,16 @@ class _Emulated:
     def __call__(self, input_ids):
         from types import SimpleNamespace
 
-        return SimpleNamespace(logits=forward32(self.sd, input_ids, self.window, self.kv_hook)[0])
+        return SimpleNamespace(logits=forward32(self.sd, input_ids, self.window, self.kv_hook)[0].cpu())
+
+    def state_dict(self) -> dict:
+        return dict(self.sd)
 
 
 def reference(seeds, n: int = 32, length: int = 130, max_new: int = 64, window: int = WINDOW,
-              seed: int = SEED, emulate=None) -> dict:
+              seed: int = SEED, emulate=None, device=None) -> dict:
     """The float32 greedy outputs per prompt seed ({seed: [n outputs of max_new ids]})."""
-    model = hf_model(window, seed=seed, emulate=emulate)
+    model = hf_model(window, seed=seed, emulate=emulate, device=device)
     return {s: greedy(model, prompts(n, length, s), max_new)[0] for s in seeds}
 
 
@@ -398,24 +448,31 @@ def mtp_agreement(seeds, n: int = 8, length: int = 130, max_new: int = 64, windo
 
 
 def main(seeds: str = "1,2,3", threads: int = 6) -> None:
-    """The target's checks (readout.check) and the MTP's agreement."""
+    """The target's checks (readout.check) and the MTP's agreement; ``--device cuda``: the
+    models of the checks and the reference on a GPU (float32 without TF32), for the 32
+    requests of the full protocol in minutes."""
     import argparse
+    import functools
 
     import torch
 
     ap = argparse.ArgumentParser(description="the Step3.5 target's checks against float32 output")
     ap.add_argument("--seeds", default=seeds, help=f"comma list of prompt seeds (default: {seeds})")
     ap.add_argument("--threads", type=int, default=threads, help=f"torch CPU threads (default: {threads})")
+    ap.add_argument("--device", default=None, help="where the models run (default: the CPU)")
     ap.add_argument("--n", type=int, default=32)
     ap.add_argument("--length", type=int, default=130)
     ap.add_argument("--max-new", type=int, default=64)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     sl = [int(x) for x in a.seeds.split(",")]
-    print(f"reference: {reference_source()}", flush=True)
-    readout.check(hf_model, WINDOW, "window", sl, n=a.n, length=a.length, max_new=a.max_new,
-                  show=lambda line: print(line, flush=True))
-    print(f"mtp agreement: {json.dumps(mtp_agreement(sl, n=a.n, length=a.length, max_new=a.max_new))}", flush=True)
+    print(f"reference: {reference_source()}" + (f" on {a.device}" if a.device else ""), flush=True)
+    readout.check(functools.partial(hf_model, device=a.device), WINDOW, "window", sl, n=a.n, length=a.length,
+                  max_new=a.max_new, show=lambda line: print(line, flush=True))
+    out = reference(sl, a.n, a.length, a.max_new, device=a.device)
+    print(f"mtp agreement: {json.dumps(mtp_agreement(sl, n=a.n, length=a.length, max_new=a.max_new, outputs=out))}",
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from sglang_swa_plugin import graphed
 from sglang_swa_plugin.fa3_local import FA3_CLASS as CLASS, FA3_MODULE as MODULE, GRAPH_CAPTURE, GRAPH_PARAMS
 from sglang_swa_plugin.fa3_local import GRAPH_REPLAY, GRAPH_STATE, OUT_GRAPH, arange_once, graph_api
 from sglang_swa_plugin.fa3_local import local_metadata_class
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around
+from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, arguments, around
 from sglang_swa_plugin.log import warn_once
 from sglang_swa_plugin.probe import function_text, optional_module, own_function, target_class
 
@@ -184,10 +184,10 @@ def _graph_hook(in_capture: bool):
 
     def hook(original, self, *args, **kwargs):
         result = original(self, *args, **kwargs)
-        a = lambda name: argument(original, name, args, kwargs)  # noqa: E731
-        if _tree_verify(self, a("forward_mode")):
-            _graph_step(self, a("bs"), a("req_pool_indices"), a("seq_lens"),
-                        getattr(a("spec_info"), "positions", None), in_capture)
+        mode, bs, rows, seq_lens, spec_info = arguments(original, args, kwargs, "forward_mode", "bs",
+                                                        "req_pool_indices", "seq_lens", "spec_info")
+        if _tree_verify(self, mode):
+            _graph_step(self, bs, rows, seq_lens, getattr(spec_info, "positions", None), in_capture)
         return result
 
     return hook

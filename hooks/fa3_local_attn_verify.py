@@ -28,7 +28,7 @@ from sglang_swa_plugin.fa3_local import FA3_CLASS as CLASS, FA3_MODULE as MODULE
 from sglang_swa_plugin.fa3_local import GRAPH_PARAMS, GRAPH_REPLAY as REPLAY, GRAPH_STATE as STATE, OUT_GRAPH
 from sglang_swa_plugin.fa3_local import cdiv as _cdiv, graph_api, local_metadata_class
 from sglang_swa_plugin.fa3_local import verify_local_batches
-from sglang_swa_plugin.fix import Detection, Fix, argument, around
+from sglang_swa_plugin.fix import Detection, Fix, argument, arguments, around
 from sglang_swa_plugin.probe import callee, if_branches, optional_module, own_function, target_class
 
 NAME = "fa3_local_attn_verify"
@@ -104,21 +104,19 @@ def _verify_topk1(self, forward_mode, spec_info) -> bool:
 
 def _capture_with_local(original, self, *args, **kwargs):
     result = original(self, *args, **kwargs)
-    a = lambda name: argument(original, name, args, kwargs)  # noqa: E731
-    if _verify_topk1(self, a("forward_mode"), a("spec_info")):
-        bs = a("bs")
+    mode, spec_info, bs, seq_lens = arguments(original, args, kwargs, "forward_mode", "spec_info", "bs", "seq_lens")
+    if _verify_topk1(self, mode, spec_info):
         metadata = self.target_verify_metadata[bs]
         _bind(self, metadata, bs)
-        _fill(self, metadata, bs, a("seq_lens"))
+        _fill(self, metadata, bs, seq_lens)
     return result
 
 
 def _replay_with_local(original, self, *args, **kwargs):
     result = original(self, *args, **kwargs)
-    a = lambda name: argument(original, name, args, kwargs)  # noqa: E731
-    if _verify_topk1(self, a("forward_mode"), a("spec_info")):
-        bs = a("bs")
-        _fill(self, self.target_verify_metadata[bs], bs, a("seq_lens"))
+    mode, spec_info, bs, seq_lens = arguments(original, args, kwargs, "forward_mode", "spec_info", "bs", "seq_lens")
+    if _verify_topk1(self, mode, spec_info):
+        _fill(self, self.target_verify_metadata[bs], bs, seq_lens)
     return result
 
 

@@ -5,7 +5,8 @@ Bug
     draft-extend CUDA graphs, eager DRAFT_EXTEND and multi-step draft decode build no
     ``window_kv_indices``: a Triton compile error at capture, or foreign slots read. Fix, as
     0.5.23: the last ``sliding_window_size`` keys of the full rail, in SWA space, built by
-    sglang's own window helper (draft extend) or gathered per step (draft decode).
+    sglang's own window helper (draft extend) or gathered per step (draft decode); a preview
+    (triton_swa_draft_kernels) does each rail in one Triton kernel, not yet run on a GPU.
 Upstream PRs
     #29858, #24481, the Triton half of #22679.
 Affected versions
@@ -29,9 +30,11 @@ from sglang_swa_plugin import graphed
 from sglang_swa_plugin.fix import Detection, Fix, argument, around
 from sglang_swa_plugin.probe import (calls, function_text, function_tree, if_branches, optional_module, own_function,
                                      target_class)
+from sglang_swa_plugin.triton_rail import kernel_lays_out
 
 MODULE = "sglang.srt.layers.attention.triton_backend"
 NAME = "triton_swa_draft"
+KERNELS = "triton_swa_draft_kernels"  # the preview: one Triton kernel per rail (not run on a GPU yet)
 CLASS = MODULE + ".TritonAttnBackend"
 EAGER = CLASS + ".init_forward_metadata"
 CAPTURE = CLASS + ".init_forward_metadata_capture_cuda_graph"  # 0.5.10-0.5.12
@@ -109,13 +112,19 @@ def fill_window(self, lens, req_pool_indices, bs: int, out=None, plan=None, inde
 def translate_window(self, indptr, bs: int, out) -> None:
     """``out[:indptr[bs]]`` (full-pool ids) into SWA space through the pool's own
     translation, over a fixed ``bs * (window + 1)`` slots: no host-device sync; the slots
-    past the window rail are kept as they were."""
+    past the window rail are kept as they were. On a GPU (or under Triton's interpreter) one
+    kernel (``rail_kernel.translate_head``) where the pool's translation is its mapping."""
     import torch
 
     state = _rail_state(self)
     if state["translate"] is None:
         return
     n = min(bs * (self.sliding_window_size + 1), out.shape[0])  # a rail keeps window + 1 keys with triton_swa_window
+    if state["kernel"] and kernel_lays_out(out):  # one launch on a GPU
+        from sglang_swa_plugin.rail_kernel import translate_head
+
+        translate_head(out, indptr, bs, n, state["mapping"])
+        return
     ids = out[:n]
     keep = _slots(state, n, indptr) < indptr[bs]
     out[:n] = torch.where(keep, state["translate"](torch.where(keep, ids, 0)), ids)
@@ -151,9 +160,16 @@ def _draft_step(mode, spec_info) -> bool:
 RAIL = "_swa_plugin_window_rail"  # per backend: the pool's translation, its size, slot ranges
 
 
-def _translator(self):
+def _owners(self) -> tuple:
+    """Who translates the backend's window ids: its own pool where it has one (0.5.13+; an EAGLE
+    draft's full-only pool translates nothing, whatever the target allocator it shares), else
+    the allocator (0.5.10-0.5.12, as sglang's own window helper there)."""
     pool = getattr(self, "token_to_kv_pool", None)
-    for obj in (pool, getattr(self, "token_to_kv_pool_allocator", None)):
+    return (pool,) if pool is not None else (getattr(self, "token_to_kv_pool_allocator", None),)
+
+
+def _translator(self):
+    for obj in _owners(self):
         if hasattr(obj, "translate_loc_from_full_to_swa"):
             return obj.translate_loc_from_full_to_swa
     return None
@@ -161,7 +177,7 @@ def _translator(self):
 
 def _mapping(self):
     """The pool's full->SWA mapping (None: no mapping found)."""
-    for obj in (getattr(self, "token_to_kv_pool", None), getattr(self, "token_to_kv_pool_allocator", None)):
+    for obj in _owners(self):
         for o in (obj, getattr(obj, "_kvcache", None)):
             mapping = getattr(o, "full_to_swa_index_mapping", None)
             if mapping is not None:
@@ -174,9 +190,11 @@ def _rail_state(self) -> dict:
     full->SWA translation, its mapping and how many full-pool slots that covers."""
     state = self.__dict__.get(RAIL)
     if state is None:
-        mapping = _mapping(self)
-        state = self.__dict__[RAIL] = {"translate": _translator(self), "mapping": mapping, "slots": {},
-                                       "limit": mapping.shape[0] if mapping is not None else None}
+        mapping, translate = _mapping(self), _translator(self)
+        state = self.__dict__[RAIL] = {"translate": translate, "mapping": mapping, "slots": {},
+                                       "limit": mapping.shape[0] if mapping is not None else None,
+                                       # the kernel translates through the mapping: where the pool does
+                                       "kernel": KERNELS in FIX.previews_on and (translate is None) == (mapping is None)}
     return state
 
 
@@ -197,7 +215,15 @@ def window_of_rail(self, kv_indptr, kv_indices, bs: int, out_indptr, out_indices
     """A draft step's window rail from its full rail (``kv_indptr``/``kv_indices``: the
     committed prefix and the step's draft tokens, per branch): the last
     ``min(L, sliding_window_size)`` keys of each, in SWA space, packed at ``out_indptr``
-    (``window_rails`` of one step)."""
+    (``window_rails`` of one step). On a GPU (or under Triton's interpreter) one kernel
+    (``rail_kernel.window_of_rail_layout``) where the pool's translation is its mapping."""
+    state = _rail_state(self)
+    if state["kernel"] and kernel_lays_out(kv_indptr):
+        from sglang_swa_plugin.rail_kernel import window_of_rail_layout
+
+        window_of_rail_layout(kv_indptr, kv_indices, state["mapping"], bs, self.sliding_window_size, out_indptr,
+                              out_indices)
+        return
     cum, ids = window_rails(self, kv_indptr[None], kv_indices[None], bs)
     out_indptr[1 : bs + 1] = cum[0]
     out_indices[: ids.shape[1]] = ids[0]
@@ -280,7 +306,9 @@ STEPS = "_swa_plugin_window_steps"  # on a multi-step backend: {bs: what its rep
 
 def _steps_plan(self, bs: int) -> dict:
     """What ``_refill_steps`` reuses for ``bs``: the steps with a window, views of their
-    buffers, the refill and its graph's inputs; ``buffers``: the tensors it was made for."""
+    buffers, the refill and its graph's inputs; ``buffers``: the tensors it was made for. The
+    refill: on a GPU one kernel per step (``window_of_rail``), else all steps' rails in one
+    set of torch ops (``window_rails``), copied to each step's buffers."""
     steps = [(i, b) for i, b in enumerate(self.attn_backends) if _has_window(b)]
     names = ("window_kv_indptr", "cuda_graph_window_kv_indices")
     buffers = [(self, n, getattr(self, n)) for n in ("kv_indptr", "cuda_graph_kv_indices")]
@@ -288,29 +316,30 @@ def _steps_plan(self, bs: int) -> dict:
     plan = {"buffers": buffers, "first": steps[0][1] if steps else None, "rows": tuple(i for i, _ in steps)}
     if not steps:
         return plan
-    rows = list(plan["rows"])
-    contiguous = rows == list(range(rows[0], rows[-1] + 1))
-    indptr = self.kv_indptr[rows[0] : rows[-1] + 1] if contiguous else self.kv_indptr[rows]
-    indices = self.cuda_graph_kv_indices[rows[0] : rows[-1] + 1] if contiguous else None
-    width = bs * plan["first"].sliding_window_size
-    outs = [(b.window_kv_indptr[1 : bs + 1], b.cuda_graph_window_kv_indices[:width]) for _, b in steps]
+    first, rows = plan["first"], list(plan["rows"])
+    per_step = [(b, self.kv_indptr[i, : bs + 1], self.cuda_graph_kv_indices[i]) for i, b in steps]
+    if (any(b.sliding_window_size != first.sliding_window_size for _, b in steps)
+            or (_rail_state(first)["kernel"] and kernel_lays_out(self.kv_indptr))):
+        def refill():
+            for b, indptr, indices in per_step:
+                window_of_rail(b, indptr, indices, bs, b.window_kv_indptr, b.cuda_graph_window_kv_indices)
+    else:
+        contiguous = rows == list(range(rows[0], rows[-1] + 1))
+        indptr = self.kv_indptr[rows[0] : rows[-1] + 1] if contiguous else None
+        indices = self.cuda_graph_kv_indices[rows[0] : rows[-1] + 1] if contiguous else None
+        width = bs * first.sliding_window_size
+        outs = [(b.window_kv_indptr[1 : bs + 1], b.cuda_graph_window_kv_indices[:width]) for _, b in steps]
 
-    def refill():
-        cum, ids = window_rails(plan["first"], indptr if contiguous else self.kv_indptr[rows],
-                                indices if contiguous else self.cuda_graph_kv_indices[rows], bs)
-        for (out_indptr, out_ids), c, i in zip(outs, cum.unbind(0), ids.unbind(0)):
-            out_indptr.copy_(c)
-            out_ids.copy_(i)
+        def refill():
+            cum, ids = window_rails(first, indptr if contiguous else self.kv_indptr[rows],
+                                    indices if contiguous else self.cuda_graph_kv_indices[rows], bs)
+            for (out_indptr, out_ids), c, i in zip(outs, cum.unbind(0), ids.unbind(0)):
+                out_indptr.copy_(c)
+                out_ids.copy_(i)
 
-    inputs = [self.kv_indptr, self.cuda_graph_kv_indices]
-    for _, backend in steps:
-        mapping = _rail_state(backend)["mapping"]
-        inputs += [backend.window_kv_indptr, backend.cuda_graph_window_kv_indices]
-        inputs += [mapping] if mapping is not None else []
-    plan.update(refill=refill, inputs=inputs)
-    if any(b.sliding_window_size != plan["first"].sliding_window_size for _, b in steps):
-        plan["refill"] = lambda: [window_of_rail(b, self.kv_indptr[i, : bs + 1], self.cuda_graph_kv_indices[i], bs,
-                                                 b.window_kv_indptr, b.cuda_graph_window_kv_indices) for i, b in steps]
+    inputs = [t for _, _, t in buffers]
+    mappings = {id(m): m for m in (_rail_state(b)["mapping"] for _, b in steps) if m is not None}
+    plan.update(refill=refill, inputs=inputs + list(mappings.values()))
     return plan
 
 
@@ -494,6 +523,8 @@ class TritonSwaDraftFix(Fix):
     targets = (EAGER, CAPTURE, REPLAY, FILL, BUILD, OUT_GRAPH, MULTI_REPLAY, MULTI_OUT_GRAPH)
     target_params = {EAGER: ("self", "forward_batch")}
     check_module = "sglang_swa_plugin.check.triton_swa_draft"
+    previews = {KERNELS: "each draft step's window rail and the draft-extend translation as one Triton kernel "
+                         "each (rail_kernel) instead of ~30 and ~7 device ops in the fix's graph"}
 
     def detect(self) -> Detection:
         return classify()

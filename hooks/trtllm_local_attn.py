@@ -27,10 +27,11 @@ from typing import Any, Optional
 from sglang_swa_plugin.chunked import chunk_of, reads_use_irope, remember_chunk_hook
 from sglang_swa_plugin.fa3_local import local_batches
 from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around
+from sglang_swa_plugin.graphed import capturing
 from sglang_swa_plugin.log import warn_once
 from sglang_swa_plugin.probe import module_tree, optional_module, own_function, swapped
 from sglang_swa_plugin.trtllm_mha import (CLASS, FORWARD_DECODE, FORWARD_DECODE_PARAMS, FORWARD_EXTEND,
-                                          FORWARD_EXTEND_PARAMS, MODULE, ModuleView, PerPass, capturing, exact_query,
+                                          FORWARD_EXTEND_PARAMS, MODULE, ModuleView, PerPass, exact_query,
                                           flashinfer_view, one_token_lens, syntax)
 
 NAME = "trtllm_local_attn"

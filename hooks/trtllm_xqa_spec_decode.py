@@ -20,13 +20,15 @@ Delete when
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around
+from sglang_swa_plugin.graphed import capturing
 from sglang_swa_plugin.probe import callee, optional_module, own_function, swapped
-from sglang_swa_plugin.trtllm_mha import (CLASS, DECODE_KERNELS, FORWARD_EXTEND as TARGET, FORWARD_EXTEND_PARAMS,
+from sglang_swa_plugin.trtllm_mha import CLASS as CLASS  # the tests read it here
+from sglang_swa_plugin.trtllm_mha import (DECODE_KERNELS, FORWARD_EXTEND as TARGET, FORWARD_EXTEND_PARAMS,
                                           MODULE, V2_TEST, XQA_FLAG, ModuleView, backend_class, flashinfer_view, has,
-                                          PerPass, capturing, exact_query, nodes, one_token_rows, routes_v2_to_decode,
+                                          PerPass, exact_query, nodes, one_token_rows, routes_v2_to_decode,
                                           tests_v2, syntax, v2_flags, with_decode_entry)
 
 TARGET_VERIFY_TEST = "is_target_verify"

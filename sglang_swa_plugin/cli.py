@@ -8,8 +8,8 @@ import sys
 from typing import List, Optional
 
 from . import __version__
-from .check import check_report  # noqa: F401 - also used from Python
-from .doctor import doctor_report  # noqa: F401
+from .check import check_report  # also used from Python
+from .doctor import doctor_report
 from .selftest import command as selftest  # its options; what it runs is imported when it runs
 
 DESCRIPTION = (

@@ -293,6 +293,14 @@ def argument(original: Callable[..., Any], name: str, args: Sequence[Any], kwarg
     return kwargs.get(name, defaults.get(name))
 
 
+def arguments(original: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], *names: str) -> tuple:
+    """``argument`` of each of ``names``, the signature looked up once (a per-step hook's reads)."""
+    positions, defaults = _parameters(original, True)
+    n = len(args)
+    return tuple(args[i] if (i := positions.get(name)) is not None and i < n else kwargs.get(name, defaults.get(name))
+                 for name in names)
+
+
 def has_parameter(original: Callable[..., Any], name: str) -> bool:
     return name in inspect.signature(original).parameters
 

@@ -67,10 +67,15 @@ GAPS: Tuple[Gap, ...] = (
         "SWA virtual-to-physical table is sized by SWA pages; the plugin's rails do not translate virtual ids, so "
         "`triton_swa_tree_verify` leaves this pool as sglang runs it (one warning)",
         "the default pools (no --enable-unified-memory)"),
-    Gap("EAGLE-3 drafters with sliding-window layers", "--speculative-draft-window-size (#24664, sglang 0.5.23; "
-        "not in 0.5.11)",
-        "not checked (no CPU scenario, no GPU run): the drafter's own layers slide over the draft's full-only pool; "
-        "the plugin's draft fixes look at the target's windows only", "no draft window"),
+    Gap("EAGLE-3 drafters with sliding-window layers",
+        "--speculative-draft-window-size over a hybrid SWA target (#24664; sglang 0.5.12+, not in 0.5.10-0.5.11): "
+        "triton on 0.5.12, flashinfer on 0.5.12 and 0.5.13",
+        "expected fewer accepted drafts, the target's tokens unchanged (triton shown on the CPU, flashinfer read in "
+        "the source; not run on a GPU): the draft owns a full-only pool but shares the target's SWA allocator, and "
+        "these releases translate the drafter's window ids through that allocator's full->SWA mapping: its sliding "
+        "layers read other keys of the draft pool (the plugin's triton rails follow sglang's helper there). "
+        "triton 0.5.13+, fa3, trtllm_mha (0.5.12 with `trtllm_swa_pool`) and flashinfer 0.5.14+ read the draft's own pool",
+        "fa3 or trtllm_mha, or sglang 0.5.14+ (or no draft window)"),
     Gap("Gemma 4", "--swa-full-tokens-ratio 0.1 (#23375 open, sglang main of 0.5.10's time, H200)",
         "an illegal memory access in sliding-window attention, upstream; no root cause there, none found here "
         "(not reproduced on the CPU: no small-SWA-pool scenario yet)", "the default --swa-full-tokens-ratio"),

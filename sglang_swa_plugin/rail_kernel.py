@@ -3,7 +3,9 @@ each in place of many small device ops: a tree verify's (``tree_rail``: per requ
 keys' count, first position and offsets, per draft row the mask cells over the kept keys and the
 request's drafts; some thirty ops before) and a decode's chunk rail (``chunk_slots``: per request
 the keys of its chunk and their offsets; about ten). ``triton_rail`` holds the same layouts in
-torch ops (the CPU form); the tests hold the two equal (Triton's interpreter). Imported on first
+torch ops (the CPU form); the tests hold the two equal (Triton's interpreter). Also
+``triton_swa_draft``'s draft-step window rail (``window_of_rail_layout``) and its draft-extend
+translation (``translate_head``), whose torch forms that hook keeps. Imported on first
 use (Triton is needed only where a rail runs)."""
 
 from __future__ import annotations
@@ -111,3 +113,60 @@ def chunk_rail_layout(seq_lens, chunk: int):
     starts = torch.empty(bs, dtype=torch.int64, device=dev)
     _chunk_rail_kernel[(1,)](seq_lens, indptr, lens, starts, bs, chunk, BS_BLOCK=triton.next_power_of_2(bs))
     return indptr, lens, starts
+
+
+@triton.jit
+def _window_of_rail_kernel(indptr_ptr, ids_ptr, n_ids, mapping_ptr, limit, out_indptr_ptr, out_ptr, bs, window,
+                           MAPPED: tl.constexpr, BS_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
+    r = tl.program_id(0)  # one program per request: its window's slots, then its share of the zero tail
+    every = tl.arange(0, BS_BLOCK)
+    starts = tl.load(indptr_ptr + every, mask=every < bs, other=0).to(tl.int64)
+    ends = tl.load(indptr_ptr + 1 + every, mask=every < bs, other=0).to(tl.int64)
+    kept_all = tl.minimum(tl.maximum(ends - starts, 0), window)
+    before = tl.sum(tl.where(every < r, kept_all, 0), axis=0)
+    total = tl.sum(kept_all, axis=0)
+    kept = tl.sum(tl.where(every == r, kept_all, 0), axis=0)
+    end = tl.sum(tl.where(every == r, ends, 0), axis=0)
+    tl.store(out_indptr_ptr + 1 + r, (before + kept).to(out_indptr_ptr.dtype.element_ty))
+    tail = total + r * window - before  # slots past the rail, the deficits of the requests before r
+    for c0 in range(0, window, BLOCK):
+        s = c0 + tl.arange(0, BLOCK)
+        src = end - kept + s
+        valid = (s < kept) & (src >= 0) & (src < n_ids)
+        ids = tl.load(ids_ptr + src, mask=valid, other=0).to(tl.int64)
+        if MAPPED:  # the pool's full->SWA mapping; ids outside it read slot 0
+            valid &= (ids >= 0) & (ids < limit)
+            ids = tl.load(mapping_ptr + ids, mask=valid, other=0).to(tl.int64)
+        tl.store(out_ptr + before + s, tl.where(valid, ids, 0).to(out_ptr.dtype.element_ty), mask=s < kept)
+        tl.store(out_ptr + tail + s, tl.zeros_like(s).to(out_ptr.dtype.element_ty), mask=s < window - kept)
+
+
+def window_of_rail_layout(kv_indptr, kv_indices, mapping, bs: int, window: int, out_indptr, out_ids) -> None:
+    """A draft step's window rail, one launch (``hooks.triton_swa_draft.window_rails``' torch
+    form): per request the last ``min(L, window)`` keys of its full rail (``kv_indptr``,
+    ``kv_indices``), through ``mapping`` (the pool's full->SWA ids; None: kept), packed into
+    ``out_ids[:bs * window]`` (zeros after them) with their end offsets at ``out_indptr[1 : bs + 1]``.
+    A key past ``kv_indices`` or outside ``mapping`` reads 0."""
+    limit = mapping.shape[0] if mapping is not None else 0
+    _window_of_rail_kernel[(bs,)](
+        kv_indptr, kv_indices, kv_indices.shape[0], mapping if mapping is not None else kv_indices, limit,
+        out_indptr, out_ids, bs, window, MAPPED=mapping is not None, BS_BLOCK=triton.next_power_of_2(bs),
+        BLOCK=min(BLOCK, triton.next_power_of_2(window)))
+
+
+@triton.jit
+def _translate_head_kernel(out_ptr, indptr_ptr, bs, n, mapping_ptr, limit, BLOCK: tl.constexpr):
+    s = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    keep = s < tl.minimum(tl.load(indptr_ptr + bs).to(tl.int64), n)
+    ids = tl.load(out_ptr + s, mask=keep, other=0).to(tl.int64)
+    ids = tl.where(ids < 0, ids + limit, ids)  # as torch indexes: -1 reads the mapping's last entry
+    swa = tl.load(mapping_ptr + ids, mask=keep, other=0)
+    tl.store(out_ptr + s, swa.to(out_ptr.dtype.element_ty), mask=keep)
+
+
+def translate_head(out, indptr, bs: int, n: int, mapping) -> None:
+    """``out[:indptr[bs]]`` (at most ``n`` slots; full-pool ids) into ``mapping[ids]`` in place,
+    one launch over ``n`` slots (``hooks.triton_swa_draft.translate_window``' torch form); the
+    slots after them kept."""
+    grid = (triton.cdiv(n, BLOCK),)
+    _translate_head_kernel[grid](out, indptr, bs, n, mapping, mapping.shape[0], BLOCK=BLOCK)

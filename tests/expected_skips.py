@@ -275,7 +275,7 @@ def table(lines: list) -> dict:
             if r in ws:
                 run.append(i)
             if run and (r not in ws or i == len(observed) - 1):
-                first, last = observed[run[0]], observed[run[-1]]
+                first = observed[run[0]]
                 if run[-1] == len(observed) - 1:
                     parts.append(f"{first}+")
                 else:

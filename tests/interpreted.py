@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 
-from sglang_swa_plugin.check.testbed import ancestors, tree_inputs  # noqa: F401 - the scripts' and tests' trees
+from sglang_swa_plugin.check.testbed import ancestors, tree_inputs  # the scripts' and tests' trees
 
 
 class Batch:
@@ -60,8 +60,6 @@ def tree_verify_error(env, layer, lens, parents, visible, out_cache_loc=None) ->
     """A target verify of the EAGLE tree ``parents`` (topk 1 where it is a chain) after requests of
     ``lens`` cached keys on ``env``'s backend (a check module's ``build()``), ``layer`` written and
     read: the largest difference of its output from the model's (``visible``: see Batch)."""
-    import torch
-
     from sglang_swa_plugin.check.fa3_spec_translate import verify_input
 
     n = len(parents)

@@ -62,6 +62,7 @@ def test_every_draft_kind_has_rows():
     assert {rows.MODES[m].draft for _, m in CASES} == {"eagle3", "mtp"}, CASES
 
 
+@pytest.mark.targets  # the targets' float32 models and drafts on the CPU: on noxfile.TARGET_VERSIONS only
 @pytest.mark.parametrize("name,mode", CASES)
 def test_drafts_agree_and_a_wrong_key_lowers_the_expectation(built, name, mode):
     """The draft as sglang should run it: high; every key read from the slot before, and (a
@@ -78,6 +79,7 @@ def test_drafts_agree_and_a_wrong_key_lowers_the_expectation(built, name, mode):
         assert bad < good - acceptance.TOLERANCE, (name, mode, fault, good, bad)
 
 
+@pytest.mark.targets
 def test_not_computable_is_none(built):
     """No spec, a draft the target does not have, multi-layer EAGLE with topk > 1: None; a
     window fault on a draft without a window: ValueError."""
@@ -94,6 +96,7 @@ def test_not_computable_is_none(built):
         assert acceptance.expected_accept(t, rows.Spec("mtp", "EAGLE", 2, 3, 4), ps, NEW, ref, saved=("-", "-")) is None
 
 
+@pytest.mark.targets
 def test_step3p5_mtp_is_multi_layer_eagle_only(built):
     """Step3.5's MTP layers load in sglang only as multi-layer EAGLE's (Step3p5MTP needs a
     ``draft_model_idx``; tests/test_step3p5_target.py): its NEXTN rows have no expectation."""

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import sglang.srt.model_executor.model_runner  # noqa: F401,E402  (0.5.10: the start-up hook)
+import sglang.srt.model_executor.model_runner  # noqa: F401  (0.5.10: the start-up hook)
 
 from sglang_swa_plugin.check import testbed as tb
 from sglang_swa_plugin.core import temporarily_installed

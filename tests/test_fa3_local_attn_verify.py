@@ -18,7 +18,7 @@ import importlib
 import pytest
 import torch
 
-import sglang.srt.model_executor.model_runner  # noqa: F401,E402  (0.5.10: the start-up hook)
+import sglang.srt.model_executor.model_runner  # noqa: F401  (0.5.10: the start-up hook)
 
 from sglang_swa_plugin.check import fa3_local_attn_verify as sc
 from sglang_swa_plugin.core import temporarily_installed

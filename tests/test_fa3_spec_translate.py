@@ -23,7 +23,7 @@ import torch
 
 # On sglang without a plugin framework the start-up hook installs the plugin when the model
 # runner module is imported, as in a server process: make that happen before anything else.
-import sglang.srt.model_executor.model_runner  # noqa: F401,E402
+import sglang.srt.model_executor.model_runner  # noqa: F401
 
 from sglang_swa_plugin.config import parse
 from sglang_swa_plugin.core import APPLIED, decide, temporarily_installed

@@ -261,8 +261,6 @@ def _graph_runner_world(d):
     reads from it, and the draft model's forward pass (there is no model) replaced by what
     its SWA attention layer reads: the page table the backend hands the kernel, as the
     draft tokens' output (so a replayed graph shows what the kernel would read)."""
-    import torch
-
     worker = worker_for(d)
     worker._model_runner = d.runner  # TpModelWorker.model_runner, the draft_model_runner
     d.runner.model.backbone_hidden_size = 8  # what the worker's _recurrent_hidden_size reads
@@ -311,8 +309,6 @@ def test_real_graph_runner_allocates_binds_and_replays_the_swa_page_table():
     if capture_name != "capture_one_batch_size":
         pytest.skip("0.5.14+ capture through DecodeCudaGraphRunner's graph backends (not emulated on CPU); "
                     "the fix is needed only on upstream main with #25103 (mainwindow S1, S4: this form)")
-    import torch
-
     from sglang.srt.model_executor import cuda_graph_runner
 
     d = draft()

@@ -37,6 +37,7 @@ def served():
     return tuple({k: v.to(torch.bfloat16).float() for k, v in d.items()} for d in (sd, mtp))
 
 
+@pytest.mark.targets  # transformers' model on the CPU: on noxfile.TARGET_VERSIONS only
 def test_bf16_equals_float32_and_the_window_decides():
     row = readout.check(mimo_v2.hf_model, mimo_v2.WINDOW, "window", [1], n=N, length=LENGTH, max_new=NEW,
                         show=None)[1]

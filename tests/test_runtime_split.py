@@ -53,8 +53,8 @@ def test_the_check_side_is_recognised():
     selftest's modules included), and none of the runtime's."""
     import sys
 
-    import sglang_swa_plugin.cli  # noqa: F401 - imports the check side's commands
-    import sglang_swa_plugin.selftest.command  # noqa: F401
+    import sglang_swa_plugin.cli  # imports the check side's commands
+    import sglang_swa_plugin.selftest.command
     import sglang_swa_plugin.selftest.targets.gptoss  # noqa: F401
 
     ours = [n for n in sys.modules if n.split(".")[0] == "sglang_swa_plugin"]

@@ -72,6 +72,7 @@ def saved(tmp_path_factory):
 # -- the targets -------------------------------------------------------------------------
 
 
+@pytest.mark.targets  # transformers' models on the CPU: on noxfile.TARGET_VERSIONS only
 @pytest.mark.parametrize("name", targets.NAMES)
 def test_a_target_gives_the_pinned_tokens_in_bf16_too_and_sees_its_window(name):
     t = _target(name)
@@ -85,6 +86,7 @@ def test_a_target_gives_the_pinned_tokens_in_bf16_too_and_sees_its_window(name):
     assert chk["changed"] == {t.SIZE - 1: 4, t.SIZE + 1: 4}, chk
 
 
+@pytest.mark.targets
 def test_a_window_blind_target_fails_its_check():
     """A target whose reference ignores the chunk it is asked for (every size the same model)."""
     t = _target("llama4")
@@ -94,6 +96,7 @@ def test_a_window_blind_target_fails_its_check():
     assert [p for p in chk["problems"] if "changes only 0/2" in p], chk
 
 
+@pytest.mark.targets
 @pytest.mark.parametrize("name", targets.NAMES)
 def test_a_saved_target_holds_the_weights_of_its_reference(name, saved):
     """What a server loads is what the float32 reference computes with (bf16-rounded), and the
@@ -282,6 +285,19 @@ def test_rows_for_a_gpu_capability():
     assert llama4.CHUNK % int(pages["llama4/trtllm_mha/plain/plugin"]) == 0
 
 
+def test_a_target_runs_only_its_own_modes():
+    """Step3.5's MTP layers: plain and multi-layer EAGLE rows, no NEXTN ones (sglang's NEXTN path
+    cannot load Step3.5); MiMo-V2, with no mode list of its own, runs every MTP mode."""
+    from sglang_swa_plugin.selftest.targets import mimo_v2, step3p5
+
+    opts = rows.SglangOptions(frozenset(["--disable-piecewise-cuda-graph", "--cuda-graph-max-bs"]), rows.BACKENDS)
+    saved = {"step3p5": rows.saved_target(step3p5, "/s", "/d"), "mimo_v2": rows.saved_target(mimo_v2, "/m", "/m")}
+    keys = [p.row.key for p in rows.plan(saved, ["triton"], (9, 0), opts)]
+    assert keys == ["step3p5/triton/plain/plugin", "step3p5/triton/mtp/plugin", "mimo_v2/triton/plain/plugin",
+                    "mimo_v2/triton/mtp/plugin", "mimo_v2/triton/nextn/plugin", "mimo_v2/triton/nextn_k2/plugin"]
+    assert saved["mimo_v2"].server_args == ("--trust-remote-code",) and saved["step3p5"].draft_kind == "mtp"
+
+
 # -- judging, the matrix and the exit status -------------------------------------------------
 
 REF = [[1, 2, 3, 4, 5, 6]] * 4 + [[7, 8, 9, 10, 11, 12]] * 4  # two seeds of 4 requests
@@ -359,8 +375,8 @@ class Runner:
 
 # The command's tests below: its rows judged, with fake servers and the GPU, sglang's options and
 # doctor's report given: the same on every release (noxfile.CLI_VERSIONS). What the installed
-# release adds is whether sglang serves Llama 4 and the float32 reference's transformers, tested
-# on every release by test_availability_is_read_from_the_installed_sglang and the targets' tests above.
+# release adds is whether sglang serves Llama 4 (test_availability_is_read_from_the_installed_sglang,
+# every release) and the float32 reference's transformers (the targets' tests above: TARGET_VERSIONS).
 JUDGING_ONLY = pytest.mark.release_independent
 
 

@@ -24,7 +24,7 @@ import torch
 
 # On sglang without a plugin framework the start-up hook installs the plugin when the model
 # runner module is imported, as in a server process: make that happen before anything else.
-import sglang.srt.model_executor.model_runner  # noqa: F401,E402
+import sglang.srt.model_executor.model_runner  # noqa: F401
 
 from helpers import HAS_PLUGIN_FRAMEWORK, child_json, run_child, sglang_release, without_fix
 

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import sglang.srt.model_executor.model_runner  # noqa: F401,E402  (0.5.10: the start-up hook)
+import sglang.srt.model_executor.model_runner  # noqa: F401  (0.5.10: the start-up hook)
 
 from sglang_swa_plugin.check import triton_swa_draft as scen
 from sglang_swa_plugin.core import temporarily_installed
@@ -193,3 +193,34 @@ def test_graph_window_translation_keeps_the_rest_of_the_buffer():
         want = torch.cat([env.pool.translate_loc_from_full_to_swa(full[:total]).long(), out[total:]])
         tsd.translate_window(be, indptr, bs, out)
         assert out.tolist() == want.tolist(), lens
+
+
+def test_the_window_kernels_lay_out_what_the_torch_forms_do():
+    """The Triton kernel a GPU runs for a draft step's window rail (``rail_kernel``, under
+    Triton's interpreter) and the torch form of the CPU give the same offsets and ids for random
+    rails: empty rows, rows shorter and longer than the window (and than the kernel's block),
+    stale rails past the ``kv_indices`` slice, ids outside the pool, with and without the pool's
+    mapping; and leave the rest of the buffers as they were. The same for the draft-extend graph
+    fill's translation (``translate_head``, ``translate_window``)."""
+    from interpreted import run_script
+
+    rows = run_script("interpreted_swa_draft_rail.py", ["0", "1"])
+    assert len(rows) == 2, rows
+    for row in rows:
+        assert row["cases"] == 30 and row["slots"] > 5000 and row["differ"] == 0, row
+        assert row["translate_cases"] == 30 and row["translate_slots"] > 5000 and row["translate_differ"] == 0, row
+
+
+def test_the_window_kernels_are_a_preview():
+    """The one-kernel rails (``rail_kernel``) have not run on a GPU: they are used only where
+    ``SGLANG_SWA_PLUGIN_PREVIEW`` names ``triton_swa_draft_kernels``; otherwise the torch forms
+    that ran on the GPU (per backend, decided once)."""
+    from sglang_swa_plugin.probe import swapped
+
+    mapping = torch.arange(8)
+    pool = SimpleNamespace(full_to_swa_index_mapping=mapping, translate_loc_from_full_to_swa=lambda ids: mapping[ids])
+    assert tsd.KERNELS in tsd.FIX.previews
+    for on in (False, True):
+        be = SimpleNamespace(sliding_window_size=4, token_to_kv_pool=pool)
+        with swapped(tsd.FIX, "previews_on", frozenset({tsd.KERNELS}) if on else frozenset()):
+            assert tsd._rail_state(be)["kernel"] is on

@@ -25,7 +25,7 @@ import torch
 
 # On sglang without a plugin framework the start-up hook installs the plugin when the model
 # runner module is imported, as in a server process: make that happen first, every time.
-import sglang.srt.model_executor.model_runner  # noqa: F401,E402
+import sglang.srt.model_executor.model_runner  # noqa: F401
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 

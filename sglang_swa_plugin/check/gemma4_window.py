@@ -10,30 +10,13 @@ all three agree on every sliding layer, and full layers have no window.
 from __future__ import annotations
 
 from . import Outcome, print_outcome
+from .model_window import QUERY, model_keys, sglang_keys
 from .testbed import tensor_parallel_of_one
 
 MODULE = "sglang.srt.models.gemma4_causal"
 WINDOW = 16
 HEAD_DIM, MAX_POSITIONS = 16, 128
 LAYER_TYPES = ("sliding_attention", "full_attention")
-QUERY = 40  # a position far past the window
-
-
-def _model_keys(config, layer_type: str) -> int:
-    """Keys query ``QUERY`` attends under transformers' own mask for this layer type."""
-    import torch
-    from transformers import masking_utils as mu
-
-    if layer_type != "sliding_attention":
-        return QUERY + 1
-    mask = mu.and_masks(mu.causal_mask_function, mu.sliding_window_overlay(config.sliding_window))
-    q, zero = torch.tensor(QUERY), torch.tensor(0)
-    return sum(bool(mask(zero, zero, q, torch.tensor(k))) for k in range(QUERY + 1))
-
-
-def _sglang_keys(window) -> int:
-    """Keys query ``QUERY`` attends under sglang's rule for a window size (-1/None: all)."""
-    return QUERY + 1 if window is None or window < 0 else sum(QUERY - k <= window for k in range(QUERY + 1))
 
 
 def _layer(g4, layer_id: int, config, seen: dict):
@@ -77,8 +60,10 @@ def scenario() -> Outcome:
     seen, bug = {}, False
     for layer_id, layer_type in enumerate(LAYER_TYPES):
         layer = _layer(g4, layer_id, config, seen)
-        got = {"model": _model_keys(config, layer_type), "layer": _sglang_keys(layer.attn.sliding_window_size),
-               "runner": _sglang_keys(runner_window) if layer_type == "sliding_attention" else QUERY + 1,
+        sliding = layer_type == "sliding_attention"
+        got = {"model": model_keys(config.sliding_window) if sliding else QUERY + 1,
+               "layer": sglang_keys(layer.attn.sliding_window_size),
+               "runner": sglang_keys(runner_window) if sliding else QUERY + 1,
                "sliding_window_size": layer.attn.sliding_window_size}
         bug |= not got["model"] == got["layer"] == got["runner"]
         seen[layer_type] = got

@@ -1,9 +1,11 @@
-"""What the scenarios of the model-window fixes (``mimo_v2_window``, ``step3p5_window``) share:
-sglang's real target and MTP draft models built on the CPU (tensor parallelism of one process,
-no DP attention) and, per layer, the number of keys a query far past the window attends, three
-ways: the model's (transformers' own sliding-window mask), the layer's (sglang's rule
-``q - k <= sliding_window_size`` on the RadixAttention it built) and the model runner's (its
-window rule for the model: the model's ``get_attention_sliding_window_size``, else the config's
+"""What the scenarios of the model-window fixes (``gemma4_window``, ``mimo_v2_window``,
+``step3p5_window``) share: the number of keys a query far past the window (``QUERY``) attends
+under transformers' mask (``model_keys``) and under sglang's rule (``sglang_keys``); for the
+MTP models, sglang's real target and MTP draft models built on the CPU (tensor parallelism of
+one process, no DP attention) and, per layer, those keys three ways: the model's
+(transformers' own sliding-window mask), the layer's (sglang's rule ``q - k <=
+sliding_window_size`` on the RadixAttention it built) and the model runner's (its window rule
+for the model: the model's ``get_attention_sliding_window_size``, else the config's
 window). Right: all three agree on every sliding layer, full layers have no window."""
 
 from __future__ import annotations
@@ -12,8 +14,24 @@ from types import SimpleNamespace
 from typing import Callable, Dict, Optional
 
 from . import Outcome
-from .gemma4_window import QUERY, _model_keys, _sglang_keys
 from .testbed import tensor_parallel_of_one
+
+QUERY = 40  # a position far past the window
+
+
+def model_keys(window: int) -> int:
+    """Keys query ``QUERY`` attends under transformers' own sliding-window mask of ``window``."""
+    import torch
+    from transformers import masking_utils as mu
+
+    mask = mu.and_masks(mu.causal_mask_function, mu.sliding_window_overlay(window))
+    q, zero = torch.tensor(QUERY), torch.tensor(0)
+    return sum(bool(mask(zero, zero, q, torch.tensor(k))) for k in range(QUERY + 1))
+
+
+def sglang_keys(window) -> int:
+    """Keys query ``QUERY`` attends under sglang's rule ``q - k <= window`` (-1/None: all)."""
+    return QUERY + 1 if window is None or window < 0 else sum(QUERY - k <= window for k in range(QUERY + 1))
 
 
 def runner_window(model, window: int):
@@ -84,15 +102,15 @@ def window_outcome(models: Dict[str, object], window: int, sliding: Callable[[st
     first ``layers``), the keys attended three ways, in ``seen[f"{model}_{i}"]``; ``sliding(model,
     i)``: whether that layer is a sliding one for the model."""
     bug = False
-    model_keys = _model_keys(SimpleNamespace(sliding_window=window), "sliding_attention")
+    sliding_keys = model_keys(window)
     for name, model in models.items():
         runner = runner_window(model, window)
         blocks = [model.model.mtp_block] if name == "mtp" else list(model.model.layers)[:layers]
         for i, layer in enumerate(blocks):
             size = layer.self_attn.attn.sliding_window_size
             on = sliding(name, i)
-            got = {"model": model_keys if on else QUERY + 1, "layer": _sglang_keys(size),
-                   "runner": _sglang_keys(runner) if on else QUERY + 1, "sliding_window_size": size}
+            got = {"model": sliding_keys if on else QUERY + 1, "layer": sglang_keys(size),
+                   "runner": sglang_keys(runner) if on else QUERY + 1, "sliding_window_size": size}
             bug |= not got["model"] == got["layer"] == got["runner"]
             seen[f"{name}_{i}"] = got
     return Outcome(bug, seen)

@@ -24,6 +24,7 @@ from . import Outcome, print_outcome
 BATCH, STEPS, TOPK, VOCAB, HIDDEN = 2, 3, 1, 8, 4
 REQUESTS, GRAPH_TOKENS = 3, 4  # the metadata form's batch, and its CUDA-graph buffers' rows (fewer than 3 steps' ids)
 SEQ_LENS = (5, 7)
+DRAFT_SEQ_LENS = (10, 12, 14)  # the metadata form's requests (each before its draft tokens)
 
 
 def _model(pool, layer, seen: list):
@@ -170,7 +171,7 @@ def fa3_form() -> dict:
         if phase == "capture":
             multi.init_cuda_graph_state(GRAPH_TOKENS, GRAPH_TOKENS)
         whole = tb.alloc_tokens(allocator, requests * TOPK * STEPS)
-        fb = tb.make_forward_batch(runner, "draft_decode", req_pool_indices=rows, seq_lens=[10, 12, 14],
+        fb = tb.make_forward_batch(runner, "draft_decode", req_pool_indices=rows, seq_lens=list(DRAFT_SEQ_LENS),
                                    out_cache_loc=whole, attn_backend=multi)  # the replay's batch padded to 3
         try:
             if phase == "eager":
@@ -198,9 +199,9 @@ def triton_form() -> dict:
     from ..core import temporarily_installed
     from ..fix import Verdict
     from ..hooks import triton_swa_draft
-    from . import triton_swa_draft as tri
+    from .triton_bench import NUM_STEPS, build, cpu_triton, make_backend
 
-    env = tri.build()
+    env = build()
     torch, layer, pool = env.torch, env.swa_layer, env.pool
     keys = pool.get_key_buffer(layer.layer_id)
     out = {}
@@ -208,11 +209,13 @@ def triton_form() -> dict:
         if triton_swa_draft.FIX.detect().verdict is Verdict.NEEDED:  # the window rails, as on a server
             stack.enter_context(temporarily_installed(triton_swa_draft.FIX))
         for phase in ("eager", "capture"):
-            multi, calls = tri._multi(env), []
+            multi, calls = make_backend(env.runner, "TritonMultiStepDraftBackend", TOPK, NUM_STEPS), []
             for be in multi.attn_backends:
-                stack.enter_context(tri.cpu_triton(be, calls))
-            fb = tri._decode_batch(env, multi, tri.PREFIXES)
-            whole = env.tb.alloc_tokens(env.runner.token_to_kv_pool_allocator, fb.batch_size * TOPK * tri.NUM_STEPS)
+                stack.enter_context(cpu_triton(be, calls))
+            fb = env.tb.make_forward_batch(env.runner, "draft_decode", req_pool_indices=env.rows,
+                                           seq_lens=list(DRAFT_SEQ_LENS), attn_backend=multi)
+            fb.positions = fb.seq_lens.clone()  # the draft tokens' positions, as sglang's draft decode has them
+            whole = env.tb.alloc_tokens(env.runner.token_to_kv_pool_allocator, fb.batch_size * TOPK * NUM_STEPS)
             fb.out_cache_loc = whole
             if phase == "eager":
                 multi.init_forward_metadata(fb)
@@ -220,7 +223,7 @@ def triton_form() -> dict:
                 multi.init_cuda_graph_state(GRAPH_TOKENS, GRAPH_TOKENS)
                 multi.init_forward_metadata_out_graph(fb, in_capture=True)
             steps = []
-            for i, ((loc, slots), be) in enumerate(zip(_step_slots(pool, whole, fb.batch_size, tri.NUM_STEPS),
+            for i, ((loc, slots), be) in enumerate(zip(_step_slots(pool, whole, fb.batch_size, NUM_STEPS),
                                                        multi.attn_backends)):
                 fb.out_cache_loc = loc
                 rows = fb.batch_size

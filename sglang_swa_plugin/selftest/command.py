@@ -398,9 +398,7 @@ def main(args: argparse.Namespace, runner: Optional[Callable] = None, gpu=rows.d
             paths[name] = f"target not available: {why_not}"
         else:
             modules[name] = t
-            paths[name] = rows.Saved(*t.save(os.path.join(work, "targets")), targets.draft_kind(t),
-                                     tuple(getattr(t, "SERVER_ARGS", ())),
-                                     tuple(getattr(t, "BACKEND_SERVER_ARGS", {}).items()))
+            paths[name] = rows.saved_target(t, *t.save(os.path.join(work, "targets")))
 
     opts = options()
     planned = rows.plan(paths, args.backends, found.capability, opts, stock=args.stock,

@@ -1,7 +1,8 @@
 """Which rows the selftest runs, and each row's server arguments: per target, every attention
 backend the installed sglang has and the GPU can run, in plain decode and (targets with an
 EAGLE3 draft) EAGLE3 topk 1 and 2 or (targets with MTP layers) multi-layer EAGLE and NEXTN
-(topk 1 and 2), with the plugin and, where asked, stock; CUDA graphs on (sglang's default) and,
+(topk 1 and 2), less the modes a target leaves out (its ``MODES``: Step3.5 has no NEXTN rows),
+with the plugin and, where asked, stock; CUDA graphs on (sglang's default) and,
 where asked, off; a large pool and, where asked, a small one that retracts; and, where asked,
 the opt-in variants (``VARIANTS``: chunked prefill, prefix-cache hits, page sizes, trtllm_mha's
 decode-mode verify, triton's deterministic inference; tensor parallelism and DP attention on a
@@ -137,14 +138,26 @@ def eagle3(draft: str, topk: int, steps: int, draft_tokens: int, algorithm: str 
 
 class Saved(NamedTuple):
     """A saved target: its checkpoint, its draft's (None: none), the draft's kind (MODES' Spec.draft),
-    the server arguments it needs (e.g. --trust-remote-code) and those it needs on one backend
-    (``{backend: args}``)."""
+    the server arguments it needs (e.g. --trust-remote-code), those it needs on one backend
+    (``{backend: args}``) and the modes it runs (keys of MODES; None: every mode of its draft's
+    kind)."""
 
     target: str
     draft: Optional[str]
     draft_kind: Optional[str] = "eagle3"
     server_args: tuple = ()
     backend_server_args: tuple = ()  # ((backend, args), ...)
+    modes: Optional[tuple] = None
+
+
+def saved_target(target, checkpoint: str, draft: Optional[str]) -> Saved:
+    """The Saved of a target module (``targets``' attributes) whose checkpoints are saved at
+    ``checkpoint`` and ``draft``."""
+    from . import targets
+
+    modes = getattr(target, "MODES", None)
+    return Saved(checkpoint, draft, targets.draft_kind(target), tuple(getattr(target, "SERVER_ARGS", ())),
+                 tuple(getattr(target, "BACKEND_SERVER_ARGS", {}).items()), None if modes is None else tuple(modes))
 
 
 def exact_base(target: str, total: int = 16384, piecewise: bool = False, swa_ratio: float = 0.25,
@@ -324,6 +337,8 @@ def plan(targets: dict, backends: Iterable[str], capability: Optional[tuple], op
             for mode, spec in MODES.items():
                 if spec is not None and (saved.draft is None or spec.draft != saved.draft_kind):
                     continue  # the target has no draft of this kind: no such rows (said once per target)
+                if saved.modes is not None and mode not in saved.modes:
+                    continue  # a mode the target leaves out (its MODES say why)
                 for graphs in (True, False) if graphs_off else (True,):
                     for pool in ("large", "small") if small_pool else ("large",):
                         for variant in [""] + (extra if graphs and pool == "large" else []):

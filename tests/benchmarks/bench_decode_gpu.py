@@ -19,7 +19,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu"))
-import e2e_server  # noqa: E402
+import e2e_server
 
 CHILD = r"""
 import runpy, sys

@@ -18,12 +18,12 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu"))
-import test_fa3_spec_translate_gpu as g  # noqa: E402
+import test_fa3_spec_translate_gpu as g
 
-from sglang_swa_plugin.core import temporarily_installed  # noqa: E402
-from sglang_swa_plugin.fix import Verdict  # noqa: E402
-from sglang_swa_plugin.hooks import fa3_spec_translate as fa3  # noqa: E402
-from sglang_swa_plugin.check import fa3_spec_translate as fa3_check  # noqa: E402
+from sglang_swa_plugin.core import temporarily_installed
+from sglang_swa_plugin.fix import Verdict
+from sglang_swa_plugin.hooks import fa3_spec_translate as fa3
+from sglang_swa_plugin.check import fa3_spec_translate as fa3_check
 
 
 def timed(fn, n):

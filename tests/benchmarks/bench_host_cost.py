@@ -14,11 +14,15 @@ upper bound of their host work on a GPU and a measure of their device work; ``ho
 a GPU``: the fixed side with each ``graphed.run`` as it runs on a GPU once captured (the inputs'
 signature checked, then one launch whose own time is taken out). Sglang's Triton
 kernels run as torch stand-ins counted as the one launch each is on a GPU (their own time
-taken out, one op each; stock's, on both sides).
+taken out, one op each; stock's, on both sides), and so do the plugin's (``plugin_kernels``):
+each path runs the form a GPU runs.
 
 A fix not needed on the installed sglang is not timed fix on/off: its row says so and times
 stock's own step there (upstream's fixed form, where that release has it). Run it on each
 release to compare: ``nox -s "bench(0.5.11)"`` (with 0.5.12 / 0.5.23 for upstream's forms).
+
+The table ends with one row per fix not timed here: its verdict, its hooks on calls made before
+a replay (the ones a row here would time) and whether the GPU bench times it.
 
     python tests/benchmarks/bench_host_cost.py [--rows a,b] [--rounds 300] [--block 20]
 """
@@ -119,6 +123,59 @@ class OneLaunchDraftDecode:
         return launch(run)
 
 
+class OneLaunchDraftWindow:
+    """``generate_draft_decode_window_kv_indices[grid](...)`` (0.5.23's own window rail of the
+    multi-step draft; topk 1, page size 1) in torch ops for every step and request at once,
+    counted as one launch (``launch``): per step ``s`` the last ``min(L + s + 1, window)`` ids of
+    each request's row."""
+
+    def __getitem__(self, grid):
+        steps, bs, topk = (int(g) for g in grid)
+        assert topk == 1, "topk 1"
+
+        def run(req_pool_indices, req_to_token, seq_lens, out, out_indptr, positions, row_stride, *rest, v2p=None,
+                **_):
+            assert v2p is None, "page size 1, no page table"
+            window = rest[-2] if len(rest) >= 2 else rest[-1]
+            seq = seq_lens[:bs].to(torch.int64)
+            for s in range(steps):
+                lens = seq + s + 1
+                kept = torch.clamp(lens, max=window)
+                indptr = torch.zeros(bs + 1, dtype=torch.int64)
+                indptr[1:] = torch.cumsum(kept, 0)
+                packed(req_to_token, req_pool_indices[:bs], kept, indptr, lens - kept, out[s])
+                out_indptr[s, 1 : bs + 1] = indptr[1:]
+        return launch(run)
+
+
+@contextlib.contextmanager
+def plugin_kernels():
+    """The plugin's own Triton kernels as a GPU runs them: ``triton_swa_draft``'s window rail
+    (``rail_kernel.window_of_rail_layout``, one per draft step) and draft-extend translation
+    (``translate_head``) as their torch forms, each counted as the one launch it is (``launch``)."""
+    from unittest import mock
+
+    from sglang_swa_plugin import rail_kernel
+    from sglang_swa_plugin.hooks import triton_swa_draft as tsd
+
+    def window_of_rail_layout(kv_indptr, kv_indices, mapping, bs, window, out_indptr, out_ids):
+        be = SimpleNamespace(sliding_window_size=window, **{tsd.RAIL: {
+            "translate": (lambda ids: mapping[ids]) if mapping is not None else None, "mapping": mapping,
+            "limit": mapping.shape[0] if mapping is not None else None, "slots": {}, "kernel": False}})
+        cum, ids = tsd.window_rails(be, kv_indptr[None], kv_indices[None], bs)
+        out_indptr[1 : bs + 1] = cum[0]
+        out_ids[: ids.shape[1]] = ids[0]
+
+    def translate_head(out, indptr, bs, n, mapping):
+        keep, ids = torch.arange(n) < indptr[bs], out[:n]
+        out[:n] = torch.where(keep, mapping[torch.where(keep, ids, 0)].to(out.dtype), ids)
+
+    with mock.patch.object(tsd, "kernel_lays_out", lambda t: True), \
+            mock.patch.object(rail_kernel, "window_of_rail_layout", launch(window_of_rail_layout)), \
+            mock.patch.object(rail_kernel, "translate_head", launch(translate_head)):
+        yield
+
+
 @contextlib.contextmanager
 def cpu_runtime():
     """What the builders call of the CUDA runtime, answered on the CPU (no device to wait for);
@@ -143,6 +200,9 @@ def cpu_runtime():
         tri = optional_module(ct.MODULE)
         if hasattr(tri, "generate_draft_decode_kv_indices"):
             stack.enter_context(swapped(tri, "generate_draft_decode_kv_indices", OneLaunchDraftDecode()))
+        if hasattr(tri, "generate_draft_decode_window_kv_indices"):  # 0.5.23+: upstream's form
+            stack.enter_context(swapped(tri, "generate_draft_decode_window_kv_indices", OneLaunchDraftWindow()))
+        stack.enter_context(plugin_kernels())
         fa3 = optional_module(FA3_MODULE)
         stack.enter_context(cpu_kernels(FA3_MODULE))
         if hasattr(fa3, SWA_SPEC_KERNEL):  # one Triton kernel of stock's, either side: not run here
@@ -166,8 +226,23 @@ def fa3_row(topk: int, model: str, name: str):
 
 
 def triton_draft_decode(bs):
-    pair = gpu._triton_draft_decode(bs)
-    return _pair(pair.fixed.refresh, pair.fixed.fixes[0])
+    """bench_fix_cost_gpu's multi-step draft decode (3 step backends, a sliding layer), its
+    graph state and capture-time metadata built with the fix in, without its forward (nothing
+    is captured here); a write id per step and request (0.5.23 asserts their number); the
+    replay-time refresh."""
+    fix = gpu.hook("triton_swa_draft").FIX
+    steps = 4  # TritonMultiStepDraftBackend runs steps - 1 backends
+    tb, pool, rtt, runner, ct = gpu.triton_parts(bs, 2 * steps)
+    with gpu.installed([fix]):
+        with gpu.triton_construction(ct) as tri:
+            multi = tri.TritonMultiStepDraftBackend(runner, 1, steps)
+        multi.init_cuda_graph_state(bs, bs)
+        batch = tb.make_forward_batch(runner, "draft_decode", req_pool_indices=list(range(bs)),
+                                      seq_lens=gpu.LENGTHS[:bs], attn_backend=multi,
+                                      out_cache_loc=torch.zeros(bs * steps, dtype=torch.int64))
+        batch.positions = batch.seq_lens.clone()
+        gpu.multi_step_metadata(multi, batch, bs, in_capture=True)
+    return _pair(lambda: gpu.multi_step_metadata(multi, batch, bs, in_capture=False), fix)
 
 
 def triton_draft_extend(bs):
@@ -330,6 +405,37 @@ def table(rows: list) -> str:
     return "\n".join(lines)
 
 
+REPLAY_TIME = ("replay", "out_graph", "populate_from_forward_batch")  # a hooked method that runs before a replay
+
+
+def untimed_rows() -> list:
+    """One row per fix this bench does not time: its verdict here and the hooks its plan here has
+    on a call sglang makes before every CUDA-graph replay (none: its per-step work, if any, runs
+    inside the forward, captured in sglang's graphs, or where graphs are off), and whether
+    tests/benchmarks/bench_fix_cost_gpu.py times it."""
+    from sglang_swa_plugin.core import BUILTIN_MODULES
+
+    timed_fixes = {fix for fix, _, _ in ROWS.values()}
+    out = []
+    for module in BUILTIN_MODULES:
+        name = module.rsplit(".", 1)[1]
+        if name in timed_fixes:
+            continue
+        try:
+            det = gpu.hook(name).FIX.detect()
+            verdict, targets = det.verdict.value, det.targets if det.verdict.value == "needed" else ()
+        except Exception as e:  # noqa: BLE001
+            verdict, targets = f"detection failed: {type(e).__name__}", ()
+        before = [".".join(t.rsplit(".", 2)[-2:]) for t in targets
+                  if any(k in t.rsplit(".", 1)[1] for k in REPLAY_TIME)]
+        gpu_rows = [k for k, r in gpu.ROWS.items() if r.fix == name]
+        note = ("hooks before a replay: " + ", ".join(before) + " (not timed on the CPU)" if before
+                else "no hook on a call made before a replay")
+        out.append({"fix": name, "step": "-", "bs": "-", "note": f"{verdict} here; {note}; GPU bench: "
+                    + (", ".join(gpu_rows) if gpu_rows else "no row")})
+    return out
+
+
 def main() -> None:
     import importlib.metadata
     import logging
@@ -351,7 +457,7 @@ def main() -> None:
     rows = [run_row(k, bs, a.rounds, a.block) for k in keys for bs in BATCHES]
     print(f"sglang {importlib.metadata.version('sglang')}: host-side work before each CUDA-graph replay, CPU, "
           f"median of {a.rounds} calls per side, interleaved in blocks of {a.block} ({time.time() - t0:.0f} s)")
-    print(table(rows))
+    print(table(rows + untimed_rows()))
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ _POOL: "ThreadPoolExecutor | None" = None
 # installed plugin's, as every server here imports it): OFF keeps the plugin out through sglang's
 # allow-list, ON names it.
 from sglang_swa_plugin.selftest.judging import compare, first_divergences, judge  # noqa: E402
-from sglang_swa_plugin.selftest.server import OFF, ON, Server, first_error, generate  # noqa: E402,F401
+from sglang_swa_plugin.selftest.server import OFF, ON, Server, first_error, generate  # noqa: E402
 from sglang_swa_plugin.selftest import rows as _rows, server as _server  # noqa: E402
 from sglang_swa_plugin.selftest.rows import eagle3 as eagle3_real  # noqa: E402
 

@@ -274,7 +274,7 @@ def main() -> int:
     ensure_nvcc()
     try:
         import flashinfer
-        import flashinfer.decode  # noqa: F401
+        import flashinfer.decode
     except Exception as e:  # noqa: BLE001
         print(f"flashinfer is not importable: {type(e).__name__}: {e}"); return 2
 

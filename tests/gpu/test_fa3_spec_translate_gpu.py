@@ -51,7 +51,6 @@ def _cuda_bench():
     from sglang.srt.layers.radix_attention import RadixAttention
 
     from sglang_swa_plugin.check import testbed as tb
-    from sglang_swa_plugin.hooks import fa3_spec_translate as fa3
     from sglang_swa_plugin.check import fa3_spec_translate as fa3_check
 
     cls = tb.swa_classes()
@@ -125,7 +124,6 @@ def _reference(pool, layer, q, prefixes, drafts):
     """Per draft row: softmax attention in float32 over the row's tokens (prefix, then the
     draft tokens the tree lets it see), read from the layer's own pool at the right slots."""
     from sglang_swa_plugin.check import testbed as tb
-    from sglang_swa_plugin.hooks import fa3_spec_translate as fa3
     from sglang_swa_plugin.check import fa3_spec_translate as fa3_check
 
     k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
@@ -193,7 +191,6 @@ def test_without_the_plugin_the_swa_layer_reads_outside_the_swa_pool():
     _needs_gpu()
     from sglang_swa_plugin.fix import Verdict
     from sglang_swa_plugin.hooks import fa3_spec_translate as fa3
-    from sglang_swa_plugin.check import fa3_spec_translate as fa3_check
 
     if fa3.FIX.detect().verdict is not Verdict.NEEDED:
         pytest.skip("this sglang translates the page tables itself")

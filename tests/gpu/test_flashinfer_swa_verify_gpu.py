@@ -267,7 +267,6 @@ def test_kernels_equal_their_cpu_twins(topk):
 
     assert m._mask_kernel is not None
     eagle_info = optional_module(m.EAGLE_INFO)
-    n = draft_shape(topk)[0]
     g = torch.Generator().manual_seed(100 + topk)
     rtt = torch.randint(0, 1 << 20, (16, 1024), generator=g, dtype=torch.int32).to(DEVICE)
     checked = 0

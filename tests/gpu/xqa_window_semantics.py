@@ -13,7 +13,7 @@ import json, os, sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fp8_xqa_probe as probe  # noqa: E402
+import fp8_xqa_probe as probe
 
 
 def ref(q, k_pages, v_pages, bt, seq_lens, page_size, q_len, sm_scale, W, anchor):

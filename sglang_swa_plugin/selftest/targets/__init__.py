@@ -8,7 +8,8 @@ draft with real weights), ``save(root) -> (target dir, draft dir or None)`` and
 ``hf_model(size, dtype=None)``; optionally ``DRAFT_KIND`` ("mtp": MTP layers in the target's
 own checkpoint, served as its draft; default "eagle3" where HAS_DRAFT), ``SERVER_ARGS`` (what
 sglang needs to load it), ``BACKEND_SERVER_ARGS`` (``{backend: args}``: what one backend's rows
-need, e.g. a page size that tiles the target's chunk) and ``OWN_FORWARD`` with ``reference_source()`` (a float32 forward of
+need, e.g. a page size that tiles the target's chunk), ``MODES`` (the keys of ``rows.MODES`` it
+runs; default: every mode of its draft's kind) and ``OWN_FORWARD`` with ``reference_source()`` (a float32 forward of
 its own where the installed transformers lacks the class).
 
 Importing a target module is cheap (torch, transformers and scipy are imported by its

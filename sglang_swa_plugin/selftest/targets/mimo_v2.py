@@ -54,7 +54,7 @@ import math
 import os
 
 from . import readout
-from .readout import CONST, H, HD, THETA, V, greedy, prompts  # noqa: F401 (greedy, prompts: the scenario's)
+from .readout import CONST, H, HD, THETA, V, greedy, prompts  # greedy, prompts: the scenario's
 
 NH, NKV, NKV_SWA, FF, L = 16, 8, 16, 256, 4
 HEAD_DIM, V_HEAD_DIM, ROTARY = 192, 128, 0.334  # MiMo-V2-Flash's head dims and partial RoPE

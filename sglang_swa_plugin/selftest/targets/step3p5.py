@@ -55,7 +55,7 @@ import math
 import os
 
 from . import readout
-from .readout import CONST, H, HD, THETA, V, greedy, prompts  # noqa: F401 (greedy, prompts: the scenario's)
+from .readout import CONST, H, HD, THETA, V, greedy, prompts  # greedy, prompts: the scenario's
 
 NH, NKV, FF, L = 16, 8, 256, 4
 HEAD_DIM, ROTARY = 128, 0.5  # Step-3.5-Flash's head dim; RoPE on the first 64 dims (readout's heads)
@@ -77,6 +77,9 @@ SEED = 31
 TITLE, ARCHITECTURE, REFERENCE_CLASS = "Step3.5", "Step3p5ForCausalLM", "Step3p7TextModel"
 SIZE, LABEL, HAS_DRAFT, HAS_MTP = WINDOW, "window", False, True
 DRAFT_KIND, SERVER_ARGS, OWN_FORWARD = "mtp", (), True
+# The selftest's modes (keys of rows.MODES): plain and multi-layer EAGLE. No NEXTN rows: sglang's
+# NEXTN path cannot load Step3.5 (a TypeError on num_hidden_layers + None).
+MODES = ("plain", "mtp")
 # The float32 greedy tokens of the first two prompts of seed 1 (readout.prompts(2, 60, 1)), 12
 # new ones (transformers 5.19's Step3p7TextModel; this module's forward gives the same): what
 # the tests pin (a change of the design changes them).

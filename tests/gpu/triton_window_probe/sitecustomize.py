@@ -10,7 +10,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from after_import import patch_after_import, run_next_sitecustomize  # noqa: E402 (tests/gpu/after_import.py)
+from after_import import patch_after_import, run_next_sitecustomize  # tests/gpu/after_import.py
 
 sys.path.pop(0)
 

@@ -7,7 +7,7 @@ outside the full pool, with the pool's mapping and without one. Per seed one JSO
 slots compared, and the slots and offsets that differ; then the draft-extend graph fill's
 translation (``translate_head`` against ``translate_window``'s torch form): random window rails
 of 1-40 requests (ids -1 among them, sglang's padding) in buffers longer and shorter than
-``bs * (window + 1)``."""
+``bs * (window + 1)``. The cases take a device: tests/gpu/rail_kernel_gpu.py runs them compiled on a GPU."""
 
 from __future__ import annotations
 
@@ -16,12 +16,10 @@ import os
 import random
 from types import SimpleNamespace
 
-assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+import torch
 
-import torch  # noqa: E402
-
-from sglang_swa_plugin.hooks import triton_swa_draft as tsd  # noqa: E402
-from sglang_swa_plugin.rail_kernel import translate_head, window_of_rail_layout  # noqa: E402
+from sglang_swa_plugin.hooks import triton_swa_draft as tsd
+from sglang_swa_plugin.rail_kernel import translate_head, window_of_rail_layout
 
 
 def backend(window: int, mapping):
@@ -32,7 +30,7 @@ def backend(window: int, mapping):
     return SimpleNamespace(sliding_window_size=window, token_to_kv_pool=pool if mapping is not None else None)
 
 
-def case(rng: random.Random, gen: torch.Generator):
+def case(rng: random.Random, gen: torch.Generator, device: str = "cpu"):
     window = rng.choice([1, 2, 5, 7, 300])
     bs, size = rng.randint(1, 40), rng.randint(20, 2000)
     mapping = None
@@ -43,10 +41,12 @@ def case(rng: random.Random, gen: torch.Generator):
     total = int(kv_indptr[-1])
     n = max(1, total - rng.choice([0, 0, 3]))  # a stale capture: the rail claims keys past the slice
     kv_indices = torch.randint(-2, size + 4, (n,), generator=gen)  # some outside the pool
+    kv_indptr, kv_indices = kv_indptr.to(device), kv_indices.to(device)
+    mapping = mapping.to(device) if mapping is not None else None
     be = backend(window, mapping)
     cum, want = tsd.window_rails(be, kv_indptr[None], kv_indices[None], bs)
-    out_indptr = torch.full((bs + 2,), -7, dtype=torch.int32)
-    out_ids = torch.full((bs * window + 5,), -7, dtype=torch.int64)
+    out_indptr = torch.full((bs + 2,), -7, dtype=torch.int32, device=device)
+    out_ids = torch.full((bs * window + 5,), -7, dtype=torch.int64, device=device)
     window_of_rail_layout(kv_indptr, kv_indices, tsd._rail_state(be)["mapping"], bs, window, out_indptr, out_ids)
     differ = int((out_indptr[1 : bs + 1].long() != cum[0].long()).sum())
     differ += int((out_ids[: bs * window] != want[0].long()).sum())
@@ -54,13 +54,14 @@ def case(rng: random.Random, gen: torch.Generator):
     return bs * window, differ
 
 
-def translate_case(rng: random.Random, gen: torch.Generator):
+def translate_case(rng: random.Random, gen: torch.Generator, device: str = "cpu"):
     window, bs, size = rng.choice([1, 7, 300]), rng.randint(1, 40), rng.randint(20, 2000)
-    mapping = torch.cat([torch.randint(0, size, (size - 1,), generator=gen), torch.tensor([-1])])
+    mapping = torch.cat([torch.randint(0, size, (size - 1,), generator=gen), torch.tensor([-1])]).to(device)
     be = backend(window, mapping)
     lens = [rng.randint(0, window + 1) for _ in range(bs)]
     indptr = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
     out = torch.randint(-1, size, (rng.choice([bs * (window + 1) + 9, max(1, int(indptr[-1]) - 2)]),), generator=gen)
+    indptr, out = indptr.to(device), out.to(device)
     want, got = out.clone(), out.clone()
     state = tsd._rail_state(be)
     state["kernel"] = False
@@ -72,6 +73,7 @@ def translate_case(rng: random.Random, gen: torch.Generator):
 
 
 if __name__ == "__main__":
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
     for seed in (int(s) for s in os.environ.get("SEEDS", "0").split(",")):
         rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
         results = [case(rng, gen) for _ in range(30)]

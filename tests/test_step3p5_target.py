@@ -13,7 +13,6 @@ from sglang_swa_plugin.selftest.targets import readout, step3p5
 
 from helpers import has_module, methods_alone
 
-pytestmark = pytest.mark.release_independent
 N, LENGTH, NEW = 4, 48, 12  # a few short prompts
 
 
@@ -22,6 +21,7 @@ def _one_thread(one_torch_thread):
     """One torch thread for this file's tests (conftest's one_torch_thread)."""
 
 
+@pytest.mark.targets  # float32 computations of the target (noxfile.TARGET_VERSIONS)
 def test_own_forward_bf16_equals_float32_and_every_layer_decides():
     """The target's own forward (the reference where transformers has no Step3p7TextModel;
     tests/test_targets.py checks transformers' where it has one): bf16 gives the float32 tokens
@@ -38,6 +38,7 @@ def test_own_forward_bf16_equals_float32_and_every_layer_decides():
     assert row["full_changed"] > 0, row
 
 
+@pytest.mark.targets  # float32 computations of the target (noxfile.TARGET_VERSIONS)
 def test_own_forward_is_transformers_forward():
     """forward32 (the reference where transformers has no Step3p7TextModel, and the MTP check's
     hidden states) gives the logits of transformers' text model and the lm_head, at the
@@ -62,6 +63,7 @@ def test_own_forward_is_transformers_forward():
         assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
 
 
+@pytest.mark.targets  # float32 computations of the target (noxfile.TARGET_VERSIONS)
 def test_the_reference_is_transformers_step3p5_model_type():
     """transformers serves a ``step3p5`` checkpoint with the Step3p7 text classes (the model's
     definition the reference is taken from), and reads the checkpoint's keys as the target
@@ -81,6 +83,7 @@ def test_the_reference_is_transformers_step3p5_model_type():
     assert cfg.gating is True and cfg.query_pre_attn_scalar == step3p5.HEAD_DIM
 
 
+@pytest.mark.targets  # float32 computations of the target (noxfile.TARGET_VERSIONS)
 def test_mtp_predicts_the_token_after_next():
     """sglang's MTP forward (step3p5.mtp_forward32, steps chained as sglang chains them) on the
     target's float32 sequences: each multi-layer step's argmax is the target's token at nearly
@@ -90,6 +93,7 @@ def test_mtp_predicts_the_token_after_next():
     assert all(v > 0.9 for v in agree.values()), agree
 
 
+@pytest.mark.release_independent  # sglang's own Step3.5 loaders (noxfile CLI_VERSIONS)
 def test_checkpoint_loads_into_sglangs_models(tmp_path):
     """The saved checkpoints through sglang's own Step3p5ForCausalLM.load_weights (the target's)
     and Step3p5MTP.load_weights (the MTP layers', as its multi-layer EAGLE loads each with its

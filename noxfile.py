@@ -47,9 +47,9 @@ RELEASE_INDEPENDENT = ("cli", "release_independent")
 # models on the CPU, no sglang; minutes a release): the newest release, whose transformers has
 # every target's reference class (a target it lacks there is an undeclared skip: the run fails).
 TARGET_VERSIONS = {VERSIONS[-1]}
-FIX_TESTS = [os.path.join("tests", f"test_{name}.py") for name in (
-    "trtllm_swa_pool", "trtllm_extend_routing", "frozen_kv_views", "fa3_spec_translate", "trtllm_xqa_spec_decode",
-    "trtllm_xqa_dense_query", "trtllm_local_attn")]
+# The fixes' tests on the main commits: every fix a snapshot carries, and every fix whose hooks
+# nest with theirs (Fix.wraps), derived from tests/main_window.py's SNAPSHOTS and hooks/.
+FIX_TESTS = main_window.fix_tests()
 # What mainwindow runs: the fixes' tests, and the check that each snapshot still carries,
 # shows and gets corrected the bugs SNAPSHOTS lists for it.
 MAIN_WINDOW_TESTS = FIX_TESTS + [os.path.join("tests", "test_main_window.py")]

@@ -36,6 +36,10 @@ def _parser() -> argparse.ArgumentParser:
                                    "classes without and with the plugin. Exit status 1 when a fix does "
                                    "not correct its scenario.")
     c.add_argument("--json", action="store_true", help=JSON_HELP)
+    c.add_argument("--attention-tp", type=int, default=1, metavar="N",
+                   help="run the scenarios as rank 0 of N attention tensor-parallel ranks: each pool, layer and "
+                        "backend holds one rank's heads (default 1). Scenarios built on sglang's model layers "
+                        "run at 1 only")
     s = sub.add_parser("selftest", help="the GPU matrix: tiny models served per backend and mode, tokens "
                                         "against the model's; exit 1 on any wrong plugin row",
                        description=selftest.DESCRIPTION)
@@ -56,8 +60,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .check import print_check
     from .doctor import print_doctor
 
-    report, show = (doctor_report, print_doctor) if args.cmd == "doctor" else (check_report, print_check)
-    rep = report()
+    if args.cmd == "doctor":
+        rep, show = doctor_report(), print_doctor
+    else:
+        if args.attention_tp < 1:
+            _parser().error("--attention-tp: a positive number of ranks")
+        rep, show = check_report(args.attention_tp), print_check
     print(json.dumps(rep, indent=2)) if args.json else show(rep)
     return 0 if rep["ok"] else 1
 

@@ -20,6 +20,7 @@ Standard library only: .ci/run and noxfile.py use it outside the test envs.
 
 from __future__ import annotations
 
+import ast
 import compileall
 import glob
 import lzma
@@ -45,6 +46,30 @@ SNAPSHOTS = {
 SGLANG_REPO = "https://github.com/sgl-project/sglang"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FOLDER = os.environ.get("SGLANG_MAIN_WINDOW") or os.path.join(os.path.dirname(ROOT), "shared", "main-window")
+
+
+def fix_tests(root: str = ROOT) -> list:
+    """The fixes' test files the mainwindow sessions run: those of every fix a snapshot carries,
+    and of every fix whose hooks nest with theirs (``Fix.wraps`` in hooks/, either way, over any
+    number of links): those share targets with a snapshot's fix, so the snapshot's code reaches
+    them too. Read from hooks/'s syntax trees (a module is its fix's name), nothing imported."""
+    links: dict = {}
+    for path in glob.glob(os.path.join(root, "hooks", "*.py")):
+        name = os.path.basename(path)[:-3]
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "wraps" for t in node.targets):
+                for other in ast.literal_eval(node.value):
+                    links.setdefault(name, set()).add(other)
+                    links.setdefault(other, set()).add(name)
+    found, todo = set(), [fix for _, _, fixes in SNAPSHOTS.values() for fix in fixes]
+    while todo:
+        fix = todo.pop()
+        if fix not in found:
+            found.add(fix)
+            todo.extend(links.get(fix, ()))
+    return [os.path.join("tests", f"test_{name}.py") for name in sorted(found)]
 
 
 def snapshot_of(sglang_version: str):

@@ -27,6 +27,33 @@ def report(tmp_path_factory):
     return rep, text.getvalue()
 
 
+@pytest.fixture(scope="module")
+def report_tp2(tmp_path_factory):
+    """``check --json --attention-tp 2``: the scenarios as rank 0 of two attention TP ranks."""
+    return json.loads(run_cli("check", "--json", "--attention-tp", "2", tmp_path=tmp_path_factory.mktemp("tp2")).stdout)
+
+
+def test_at_attention_tp_2_each_scenario_shows_and_is_corrected_as_at_tp_1(report, report_tp2):
+    """Every fix's scenario with one attention TP rank's heads in its pools, layers and backends
+    (rank 0 of 2): the bug shows where it shows at TP 1 and the plugin corrects it; the only
+    scenarios that do not run are those built on sglang's model layers (process groups of one
+    rank) and those that do not run at TP 1 either."""
+    rep, _ = report
+    assert (rep["attention_tp"], report_tp2["attention_tp"]) == (1, 2)
+    one, ran = {r["fix"]: r for r in rep["rows"]}, []
+    for row in report_tp2["rows"]:
+        base = one[row["fix"]]
+        if row["reproduced_without"] is None:
+            assert base["reproduced_without"] is None or "not at attention TP 2" in row["note"], (row, base)
+            continue
+        ran.append(row["fix"])
+        for key in ("detection", "reproduced_without", "fixed_with", "fixed_if_on"):
+            assert row[key] == base[key], (key, row, base)
+    print(f"\nat attention TP 2: {len(ran)} of {len(rep['rows'])} scenarios: {', '.join(ran)}")
+    assert "triton_swa_window" in ran and "trtllm_swa_pool" in ran, ran  # the Triton and trtllm benches
+    assert report_tp2["ok"] == rep["ok"], report_tp2["problems"]
+
+
 def test_every_row_names_its_scenario_in_one_plain_line(report):
     rep, text = report
     for row in rep["rows"]:

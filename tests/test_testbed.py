@@ -193,6 +193,22 @@ def test_forward_batch(swa, target, mode):
     assert (fb.spec_info is not None) == (mode == "draft_decode")
 
 
+def test_attention_tp_builds_one_ranks_heads():
+    """Inside ``attention_tp(2)`` the testbed builds rank 0 of two attention TP ranks (the tiny
+    models' 4 query and 2 KV heads split as sglang splits them): the pools, the layers and the
+    Triton backend hold 2 query and 1 KV head; outside it, all of them again."""
+    from sglang_swa_plugin.check import kernels, triton_bench
+
+    for size, heads in ((2, (2, 1)), (1, (4, 2))):
+        with tb.attention_tp(size):
+            bench, tri = kernels.extend_bench(), triton_bench.build()
+        assert [(la.tp_q_head_num, la.tp_k_head_num) for la in bench.layers] == [heads] * 2, size
+        assert bench.pool.head_num == tri.pool.head_num == heads[1], size
+        assert (tri.backend.num_head, tri.backend.num_kv_head) == heads, size
+        assert (tri.swa_layer.tp_q_head_num, tri.swa_layer.tp_k_head_num) == heads, size
+    assert tb.attn_tp() == 1
+
+
 def test_trtllm_forward_metadata_translates_swa_layers(swa, target):
     pool, allocator, req_to_token, _ = swa
     backend = tb.build_trtllm_backend(target)

@@ -85,24 +85,29 @@ def check_row(fix: Fix, record: dict, cfg: _config.Config) -> dict:
     return row
 
 
-def check_report() -> dict:
+def check_report(attention_tp: int = 1) -> dict:
     """Per fix its scenario without and with the plugin; ``problems``: what keeps the plugin
     from protecting this environment as configured, exactly as ``doctor`` finds it (sglang
-    cannot be imported, the plugin will not load or is off, a bad setting)."""
+    cannot be imported, the plugin will not load or is off, a bad setting). ``attention_tp``:
+    the scenarios run as rank 0 of that many attention tensor-parallel ranks (each pool, layer
+    and backend holds one rank's heads, ``testbed.attention_tp``)."""
     import_error = _sglang_importable()
     if import_error:  # no scenario can run: one line, not one error per fix
         return {"sglang_version": _sglang_version(), "config": None, "rows": [], "ok": False,
-                "problems": [import_error], "hint": import_hint(import_error, [])}
+                "problems": [import_error], "hint": import_hint(import_error, []), "attention_tp": attention_tp}
+    from .testbed import attention_tp as ranks
+
     fixes = load_fixes()
     cfg = settings(fixes)
     records, env = fix_records(fixes, cfg)
     by_name = {r["name"]: r for r in records}
-    rows = [check_row(fix, by_name[fix.name], cfg) for fix, _source in fixes]
+    with ranks(attention_tp):
+        rows = [check_row(fix, by_name[fix.name], cfg) for fix, _source in fixes]
     problems = setting_problems(cfg, env)
     if not all(r["fixed_with"] is not False and r["fixed_if_on"] is not False for r in rows):
         problems.append("a fix did not correct its scenario")
     return {"sglang_version": _sglang_version(), "config": cfg.as_dict(), "rows": rows, "ok": not problems,
-            "problems": problems, "hint": import_hint(None, records)}
+            "problems": problems, "hint": import_hint(None, records), "attention_tp": attention_tp}
 
 
 def _yn(v) -> str:
@@ -119,7 +124,9 @@ def print_check(rep: dict) -> None:
     if rep["config"] is None:  # sglang cannot be imported: nothing else to say
         print("PROBLEM: " + "; ".join(rep["problems"]) + (f" ({rep['hint']})" if rep["hint"] else ""))
         return
-    print(f"sglang {rep['sglang_version']}: CPU reproductions on the installed sglang's real classes")
+    tp = rep.get("attention_tp", 1)
+    print(f"sglang {rep['sglang_version']}: CPU reproductions on the installed sglang's real classes"
+          + (f", as rank 0 of {tp} attention tensor-parallel ranks" if tp > 1 else ""))
     for err in rep["config"]["errors"]:
         print(f"BAD SETTING: {err}")
     hdr = ("fix", "detection", "bug without plugin", "fixed with plugin", "note")

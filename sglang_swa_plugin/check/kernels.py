@@ -167,7 +167,8 @@ def extend_bench(num_draft_tokens: int = 3, prefix_lens: Sequence[int] = (4, 6))
     cfg = runner.model_config
     swa_ids = sorted(i for i, (_, is_swa) in pool.layers_mapping.items() if is_swa)
     full_ids = sorted(i for i, (_, is_swa) in pool.layers_mapping.items() if not is_swa)
-    layers = [RadixAttention(cfg.num_attention_heads, cfg.head_dim, cfg.head_dim ** -0.5, cfg.get_num_kv_heads(1),
+    heads, kv_heads = testbed.layer_heads(cfg)
+    layers = [RadixAttention(heads, cfg.head_dim, cfg.head_dim ** -0.5, kv_heads,
                              layer_id=i, sliding_window_size=runner.sliding_window_size if i in swa_ids else -1)
               for i in (swa_ids[0], full_ids[0])]
     tokens = [testbed.alloc_tokens(allocator, n + 2 * num_draft_tokens) for n in prefix_lens]

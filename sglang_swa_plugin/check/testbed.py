@@ -144,18 +144,46 @@ def tree_inputs(parents):
     return inputs
 
 
+_ATTN_TP = [1]  # the attention tensor-parallel size the testbed builds for, innermost last (``attention_tp``)
+
+
+@contextlib.contextmanager
+def attention_tp(size: int):
+    """Inside: the testbed builds rank 0 of ``size`` attention tensor-parallel ranks, heads split
+    as sglang splits them: pools, layers and backends hold ``num_attention_heads // size`` query
+    and ``get_num_kv_heads(size)`` KV heads; backends, runners and the runtime context read the
+    attention TP size ``size``."""
+    _ATTN_TP.append(size)
+    try:
+        yield
+    finally:
+        _ATTN_TP.pop()
+
+
+def attn_tp() -> int:
+    """The attention tensor-parallel size the testbed builds for now (1 outside ``attention_tp``)."""
+    return _ATTN_TP[-1]
+
+
+def layer_heads(cfg) -> tuple:
+    """(query heads, KV heads) of one attention TP rank of model config ``cfg``."""
+    return cfg.num_attention_heads // attn_tp(), cfg.get_num_kv_heads(attn_tp())
+
+
 def make_swa_pool(
     size=64,
     size_swa=32,
     page_size=1,
     swa_layers=(0, 2),
     full_layers=(1, 3),
-    head_num=2,
+    head_num=None,
     head_dim=8,
     dtype=None,
 ):
-    """A real ``SWAKVPool`` on CPU (two MHA sub-pools: full layers and SWA layers)."""
+    """A real ``SWAKVPool`` on CPU (two MHA sub-pools: full layers and SWA layers); ``head_num``
+    (KV heads) defaults to one attention TP rank's share of the tiny models' two."""
     torch = _torch()
+    head_num = head_num or max(1, 2 // attn_tp())
     cls = swa_classes().SWAKVPool
     kwargs = dict(
         size=size,
@@ -187,9 +215,10 @@ def make_swa_allocator(pool):
     )
 
 
-def make_full_pool(size=64, layer_num=4, head_num=2, head_dim=8, page_size=1, dtype=None):
+def make_full_pool(size=64, layer_num=4, head_num=None, head_dim=8, page_size=1, dtype=None):
     """A real full-only ``MHATokenToKVPool`` on CPU (what an EAGLE draft worker owns)."""
     torch = _torch()
+    head_num = head_num or max(1, 2 // attn_tp())
     return _call_with_supported(
         swa_classes().MHATokenToKVPool,
         size=size,
@@ -472,7 +501,7 @@ def make_model_runner(
         page_size=page_size,
         sliding_window_size=sliding_window_size,
         attention_chunk_size=None,
-        tp_size=1,
+        tp_size=attn_tp(),
         tp_rank=0,
         dp_size=1,
         pp_size=1,
@@ -504,7 +533,16 @@ def _parallel_state():
     except ImportError:
         return None
     trivial = getattr(ParallelState, "trivial", None)
-    return trivial() if trivial is not None else None
+    if trivial is None:
+        return None
+    ps = trivial()
+    if attn_tp() > 1:  # rank 0 of attn_tp() ranks: the sizes the backends read (tp_size, attn_tp_size)
+        sizes = {k: attn_tp() for k in ("tp_size", "attn_tp_size") if hasattr(ps, k)}
+        ps = dataclasses.replace(ps, **sizes) if dataclasses.is_dataclass(ps) else ps
+        for k, v in sizes.items():
+            if getattr(ps, k) != v:
+                object.__setattr__(ps, k, v)
+    return ps
 
 
 def _make_kv_index_translator(runner):
@@ -545,7 +583,11 @@ class _CpuFlashinferWrapper:
 
 def tensor_parallel_of_one() -> None:
     """sglang's parallel groups for one CPU process (gloo) and its server args, once per process
-    (a scenario that builds sglang's layers or reads their parallel sizes)."""
+    (a scenario that builds sglang's layers or reads their parallel sizes). Such a scenario runs
+    at attention TP 1 only: inside ``attention_tp(N > 1)`` this raises ScenarioUnavailable."""
+    if attn_tp() > 1:
+        raise ScenarioUnavailable(f"builds sglang's model layers on process groups of one rank: not at attention TP "
+                                  f"{attn_tp()}")
     from sglang.srt.distributed import parallel_state as ps
 
     if getattr(ps, "_TP", None) is not None:
@@ -595,9 +637,12 @@ def _multi_ctas_counter_buffer(device, num_q_heads, max_batch_size):
     return torch.zeros(4 * num_q_heads * max_batch_size, dtype=torch.uint8, device=device)
 
 
-_SINGLE_RANK = dict(
-    attn_tp_size=1, attn_tp_rank=0, attn_cp_size=1, attn_cp_rank=0, attn_dp_size=1, attn_dp_rank=0
-)
+def _single_rank() -> dict:
+    """The runtime context's ranks of the testbed's process: rank 0 of ``attn_tp()`` attention
+    TP ranks, one of everything else."""
+    ranks = dict(attn_tp_size=attn_tp(), attn_tp_rank=0, attn_cp_size=1, attn_cp_rank=0, attn_dp_size=1,
+                 attn_dp_rank=0)
+    return {**ranks, "tp_size": attn_tp(), "tp_rank": 0, "moe_tp_size": attn_tp()} if attn_tp() > 1 else ranks
 
 
 def _single_rank_parallel():
@@ -608,11 +653,13 @@ def _single_rank_parallel():
     except ImportError:
         return contextlib.nullcontext()
     parallel = get_parallel()
-    try:
-        _ = parallel.attn_tp_size
-        return contextlib.nullcontext()
-    except Exception:  # "attention tensor model parallel group is not initialized"
-        return parallel.override(**_SINGLE_RANK)
+    if attn_tp() == 1:
+        try:
+            _ = parallel.attn_tp_size
+            return contextlib.nullcontext()
+        except Exception:  # noqa: BLE001 - "attention tensor model parallel group is not initialized"
+            pass
+    return parallel.override(**_single_rank())
 
 
 @contextlib.contextmanager
@@ -636,7 +683,7 @@ def cpu_backend_patches():
         stack.enter_context(_env_default("SGLANG_FLASHINFER_WORKSPACE_SIZE", str(1 << 20)))
         stack.enter_context(_single_rank_parallel())
         if hasattr(fi, "get_attention_tp_size"):
-            stack.enter_context(swapped(fi, "get_attention_tp_size", lambda: 1))
+            stack.enter_context(swapped(fi, "get_attention_tp_size", attn_tp))
         for name in _FLASHINFER_WRAPPERS:
             stack.enter_context(swapped(fi, name, _CpuFlashinferWrapper))
         if hasattr(trt, "make_persistent_multi_ctas_kv_counter_buffer"):
@@ -827,10 +874,10 @@ def attention_layer(pool, layer_id, runner=None):
     if is_swa and window is None:
         window = _TINY_CONFIGS["gpt_oss"]["sliding_window"] - 1
     cfg = runner.model_config if runner is not None else None
-    kv_heads = cfg.get_num_kv_heads(1) if cfg is not None else pool.head_num
+    heads, kv_heads = layer_heads(cfg) if cfg is not None else (2 * pool.head_num, pool.head_num)
     head_dim = cfg.head_dim if cfg is not None else pool.head_dim
     return RadixAttention(
-        num_heads=cfg.num_attention_heads if cfg is not None else 2 * kv_heads,
+        num_heads=heads,
         head_dim=head_dim,
         scaling=head_dim**-0.5,
         num_kv_heads=kv_heads,

@@ -124,8 +124,8 @@ def no_decode_context_parallel():
 @contextlib.contextmanager
 def single_rank():
     """What the Triton backends read of the parallel state at construction, as one rank (the
-    testbed's, decode context parallelism off, the attention TP size the module binds); yields
-    the backend module."""
+    testbed's, decode context parallelism off, the attention TP size the module binds: the
+    testbed's ``attn_tp()``); yields the backend module."""
     import torch
 
     from sglang_swa_plugin.probe import swapped
@@ -137,7 +137,7 @@ def single_rank():
         stack.enter_context(tb._single_rank_parallel())
         stack.enter_context(no_decode_context_parallel())
         if hasattr(tri, "get_attention_tp_size"):
-            stack.enter_context(swapped(tri, "get_attention_tp_size", lambda: 1))
+            stack.enter_context(swapped(tri, "get_attention_tp_size", tb.attn_tp))
         if hasattr(tri, "is_arch_support_pdl") and not torch.cuda.is_available():  # a device query (some main builds)
             stack.enter_context(swapped(tri, "is_arch_support_pdl", lambda: False))
         yield tri

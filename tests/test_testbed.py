@@ -193,20 +193,34 @@ def test_forward_batch(swa, target, mode):
     assert (fb.spec_info is not None) == (mode == "draft_decode")
 
 
+HEADS = """
+from sglang_swa_plugin.check import kernels, testbed, triton_bench
+
+out = {}
+for size in (2, 1):
+    with testbed.attention_tp(size):
+        bench, tri = kernels.extend_bench(), triton_bench.build()
+    out[size] = {"layers": [(la.tp_q_head_num, la.tp_k_head_num) for la in bench.layers],
+                 "pools": [bench.pool.head_num, tri.pool.head_num],
+                 "triton": [tri.backend.num_head, tri.backend.num_kv_head],
+                 "triton_layer": [tri.swa_layer.tp_q_head_num, tri.swa_layer.tp_k_head_num]}
+out["after"] = testbed.attn_tp()
+print("RESULT=" + json.dumps(out))
+"""
+
+
 def test_attention_tp_builds_one_ranks_heads():
     """Inside ``attention_tp(2)`` the testbed builds rank 0 of two attention TP ranks (the tiny
     models' 4 query and 2 KV heads split as sglang splits them): the pools, the layers and the
-    Triton backend hold 2 query and 1 KV head; outside it, all of them again."""
-    from sglang_swa_plugin.check import kernels, triton_bench
-
-    for size, heads in ((2, (2, 1)), (1, (4, 2))):
-        with tb.attention_tp(size):
-            bench, tri = kernels.extend_bench(), triton_bench.build()
-        assert [(la.tp_q_head_num, la.tp_k_head_num) for la in bench.layers] == [heads] * 2, size
-        assert bench.pool.head_num == tri.pool.head_num == heads[1], size
-        assert (tri.backend.num_head, tri.backend.num_kv_head) == heads, size
-        assert (tri.swa_layer.tp_q_head_num, tri.swa_layer.tp_k_head_num) == heads, size
-    assert tb.attn_tp() == 1
+    Triton backend hold 2 query and 1 KV head; then, at 1, all of them again. In a fresh process,
+    as ``check --attention-tp`` runs: where a scenario built sglang's process groups (of one rank)
+    before, the runtime context of 0.5.21+ refuses another attention TP size."""
+    out = child_json(run_child(HEADS, SGLANG_SWA_PLUGIN="0"))
+    for size, (q, kv) in (("2", (2, 1)), ("1", (4, 2))):
+        got = out[size]
+        assert got["layers"] == [[q, kv]] * 2 and got["pools"] == [kv, kv], (size, got)
+        assert got["triton"] == [q, kv] and got["triton_layer"] == [q, kv], (size, got)
+    assert out["after"] == 1
 
 
 def test_trtllm_forward_metadata_translates_swa_layers(swa, target):

@@ -36,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
                                    "classes without and with the plugin. Exit status 1 when a fix does "
                                    "not correct its scenario.")
     c.add_argument("--json", action="store_true", help=JSON_HELP)
-    c.add_argument("--attention-tp", type=int, default=1, metavar="N",
+    c.add_argument("--attention-tp", type=selftest._positive(int), default=1, metavar="N",
                    help="run the scenarios as rank 0 of N attention tensor-parallel ranks: each pool, layer and "
                         "backend holds one rank's heads (default 1). Scenarios built on sglang's model layers "
                         "run at 1 only")
@@ -63,8 +63,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.cmd == "doctor":
         rep, show = doctor_report(), print_doctor
     else:
-        if args.attention_tp < 1:
-            _parser().error("--attention-tp: a positive number of ranks")
         rep, show = check_report(args.attention_tp), print_check
     print(json.dumps(rep, indent=2)) if args.json else show(rep)
     return 0 if rep["ok"] else 1

@@ -72,13 +72,18 @@ def translate_case(rng: random.Random, gen: torch.Generator, device: str = "cpu"
     return got.shape[0], int((got != want).sum())
 
 
+def seed_row(seed: int, device: str = "cpu") -> dict:
+    """One seed's summary: 30 rail cases and 30 translation cases, the slots compared and those
+    that differ."""
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    results = [case(rng, gen, device) for _ in range(30)]
+    translated = [translate_case(rng, gen, device) for _ in range(30)]
+    return {"seed": seed, "cases": len(results), "slots": sum(s for s, _ in results),
+            "differ": sum(d for _, d in results), "translate_cases": len(translated),
+            "translate_slots": sum(s for s, _ in translated), "translate_differ": sum(d for _, d in translated)}
+
+
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
     for seed in (int(s) for s in os.environ.get("SEEDS", "0").split(",")):
-        rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
-        results = [case(rng, gen) for _ in range(30)]
-        translated = [translate_case(rng, gen) for _ in range(30)]
-        print(json.dumps({"seed": seed, "cases": len(results), "slots": sum(s for s, _ in results),
-                          "differ": sum(d for _, d in results), "translate_cases": len(translated),
-                          "translate_slots": sum(s for s, _ in translated),
-                          "translate_differ": sum(d for _, d in translated)}), flush=True)
+        print(json.dumps(seed_row(seed)), flush=True)

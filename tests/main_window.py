@@ -48,27 +48,35 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FOLDER = os.environ.get("SGLANG_MAIN_WINDOW") or os.path.join(os.path.dirname(ROOT), "shared", "main-window")
 
 
-def fix_tests(root: str = ROOT) -> list:
-    """The fixes' test files the mainwindow sessions run: those of every fix a snapshot carries,
-    and of every fix whose hooks nest with theirs (``Fix.wraps`` in hooks/, either way, over any
-    number of links): those share targets with a snapshot's fix, so the snapshot's code reaches
-    them too. Read from hooks/'s syntax trees (a module is its fix's name), nothing imported."""
-    links: dict = {}
+def wraps(root: str = ROOT) -> dict:
+    """{fix: the fixes it wraps} as hooks/ declares them (``wraps = (...)``; a module is its fix's
+    name), read from the syntax trees, nothing imported."""
+    out: dict = {}
     for path in glob.glob(os.path.join(root, "hooks", "*.py")):
-        name = os.path.basename(path)[:-3]
         with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read())
         for node in ast.walk(tree):
             if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "wraps" for t in node.targets):
-                for other in ast.literal_eval(node.value):
-                    links.setdefault(name, set()).add(other)
-                    links.setdefault(other, set()).add(name)
+                out.setdefault(os.path.basename(path)[:-3], set()).update(ast.literal_eval(node.value))
+    return out
+
+
+def fix_tests(links: "dict | None" = None) -> list:
+    """The fixes' test files the mainwindow sessions run: those of every fix a snapshot carries,
+    and of every fix whose hooks nest with theirs (``links``, default ``wraps()``: either way, over
+    any number of links): those share targets with a snapshot's fix, so the snapshot's code
+    reaches them too."""
+    near: dict = {}
+    for fix, wrapped in (wraps() if links is None else links).items():
+        for other in wrapped:
+            near.setdefault(fix, set()).add(other)
+            near.setdefault(other, set()).add(fix)
     found, todo = set(), [fix for _, _, fixes in SNAPSHOTS.values() for fix in fixes]
     while todo:
         fix = todo.pop()
         if fix not in found:
             found.add(fix)
-            todo.extend(links.get(fix, ()))
+            todo.extend(near.get(fix, ()))
     return [os.path.join("tests", f"test_{name}.py") for name in sorted(found)]
 
 

@@ -170,6 +170,11 @@ def layer_heads(cfg) -> tuple:
     return cfg.num_attention_heads // attn_tp(), cfg.get_num_kv_heads(attn_tp())
 
 
+def _pool_heads(head_num) -> int:
+    """A pool's KV heads: ``head_num``, else one attention TP rank's share of the tiny models' two."""
+    return head_num or max(1, 2 // attn_tp())
+
+
 def make_swa_pool(
     size=64,
     size_swa=32,
@@ -183,14 +188,13 @@ def make_swa_pool(
     """A real ``SWAKVPool`` on CPU (two MHA sub-pools: full layers and SWA layers); ``head_num``
     (KV heads) defaults to one attention TP rank's share of the tiny models' two."""
     torch = _torch()
-    head_num = head_num or max(1, 2 // attn_tp())
     cls = swa_classes().SWAKVPool
     kwargs = dict(
         size=size,
         size_swa=size_swa,
         page_size=page_size,
         dtype=dtype or torch.bfloat16,
-        head_num=head_num,
+        head_num=_pool_heads(head_num),
         head_dim=head_dim,
         swa_attention_layer_ids=list(swa_layers),
         full_attention_layer_ids=list(full_layers),
@@ -218,13 +222,12 @@ def make_swa_allocator(pool):
 def make_full_pool(size=64, layer_num=4, head_num=None, head_dim=8, page_size=1, dtype=None):
     """A real full-only ``MHATokenToKVPool`` on CPU (what an EAGLE draft worker owns)."""
     torch = _torch()
-    head_num = head_num or max(1, 2 // attn_tp())
     return _call_with_supported(
         swa_classes().MHATokenToKVPool,
         size=size,
         page_size=page_size,
         dtype=dtype or torch.bfloat16,
-        head_num=head_num,
+        head_num=_pool_heads(head_num),
         head_dim=head_dim,
         layer_num=layer_num,
         device="cpu",
@@ -535,14 +538,8 @@ def _parallel_state():
     trivial = getattr(ParallelState, "trivial", None)
     if trivial is None:
         return None
-    ps = trivial()
-    if attn_tp() > 1:  # rank 0 of attn_tp() ranks: the sizes the backends read (tp_size, attn_tp_size)
-        sizes = {k: attn_tp() for k in ("tp_size", "attn_tp_size") if hasattr(ps, k)}
-        ps = dataclasses.replace(ps, **sizes) if dataclasses.is_dataclass(ps) else ps
-        for k, v in sizes.items():
-            if getattr(ps, k) != v:
-                object.__setattr__(ps, k, v)
-    return ps
+    # rank 0 of attn_tp() ranks: the sizes the backends read
+    return trivial(**({"tp_size": attn_tp(), "attn_tp_size": attn_tp()} if attn_tp() > 1 else {}))
 
 
 def _make_kv_index_translator(runner):

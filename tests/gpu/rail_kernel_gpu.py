@@ -1,7 +1,7 @@
 """The preview ``triton_swa_draft_kernels`` on a GPU (no sglang needed): the draft rails' Triton
 kernels (``rail_kernel.window_of_rail_layout``, ``translate_head``) compiled for the GPU and held
 against ``hooks.triton_swa_draft``'s torch forms on the random cases of
-tests/interpreted_swa_draft_rail.py (seeds ``SEEDS``), then each form timed at batch 1 and 32
+tests/interpreted_swa_draft_rail.py (seeds ``SEEDS``), then each form timed (bench_fix_cost_gpu's capture and CUDA-event blocks) at batch 1 and 32
 (window 128, rails of 1000 keys a request): eager (host launches included) and replayed from a
 CUDA graph, medians of ``ROUNDS`` interleaved rounds. One JSON line per seed and per timing.
 
@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import statistics
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from interpreted_swa_draft_rail import backend, case, translate_case
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+from bench_fix_cost_gpu import capture, time_block
+from interpreted_swa_draft_rail import backend, seed_row
 
 from sglang_swa_plugin.hooks import triton_swa_draft as tsd
 from sglang_swa_plugin.rail_kernel import translate_head, window_of_rail_layout
@@ -56,49 +57,20 @@ def forms(bs: int, window: int = 128, length: int = 1000, size: int = 1 << 20):
     return {"rail": (torch_rail, kernel_rail), "translate": (torch_translate, kernel_translate)}
 
 
-def replayed(fn):
-    """A CUDA graph of ``fn``, as its replay."""
-    g, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
-
-
-def timed(fn) -> float:
-    """Microseconds of one call of ``fn`` (ten calls between two events)."""
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    a.record()
-    for _ in range(10):
-        fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) * 100.0
-
-
 def main() -> int:
     bad = 0
     for seed in (int(s) for s in os.environ.get("SEEDS", "0,1,2").split(",")):
-        rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
-        results = [case(rng, gen, "cuda") for _ in range(30)]
-        translated = [translate_case(rng, gen, "cuda") for _ in range(30)]
-        row = {"seed": seed, "cases": len(results), "slots": sum(s for s, _ in results),
-               "differ": sum(d for _, d in results), "translate_cases": len(translated),
-               "translate_slots": sum(s for s, _ in translated), "translate_differ": sum(d for _, d in translated)}
+        row = seed_row(seed, "cuda")
         bad += row["differ"] + row["translate_differ"]
         print(json.dumps(row), flush=True)
     for bs in (1, 32):
         for name, pair in forms(bs).items():
             for graph in (False, True):
-                fns = [replayed(f) if graph else f for f in pair]
+                fns = [capture(f).replay if graph else f for f in pair]
                 times = ([], [])
                 for _ in range(ROUNDS):  # interleaved
                     for t, fn in zip(times, fns):
-                        t.append(timed(fn))
+                        t.append(time_block(fn, 10))
                 print(json.dumps({"timing": name, "bs": bs, "graph": graph,
                                   "us_torch": round(statistics.median(times[0]), 2),
                                   "us_kernel": round(statistics.median(times[1]), 2)}), flush=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-from sglang_swa_plugin import graphed
+from sglang_swa_plugin import graphed, state
 from sglang_swa_plugin.fa3_local import FA3_CLASS as CLASS, FA3_MODULE as MODULE, GRAPH_CAPTURE, GRAPH_PARAMS
 from sglang_swa_plugin.fa3_local import GRAPH_REPLAY, GRAPH_STATE, OUT_GRAPH, arange_once, graph_api
 from sglang_swa_plugin.fa3_local import local_metadata_class
@@ -34,8 +34,8 @@ NAME = "fa3_local_attn_tree_verify"
 EAGER = CLASS + ".init_forward_metadata"
 FORWARD = CLASS + ".forward_extend"
 SHARED_EXPAND = "forward_metadata_spec_decode_expand"
-EXPAND = "_swa_plugin_chunked_tree_part"  # on a step's FlashAttentionMetadata: the chunked layers' part 2
-BUFFERS = "_swa_plugin_tree_verify_buffers"  # on the backend: the verify graphs' static buffers
+EXPAND = "chunked_tree_part"  # in a step's FlashAttentionMetadata's state: the chunked layers' part 2
+BUFFERS = "fa3_local_attn_tree_verify.buffers"  # in the backend's state: the verify graphs' static buffers
 
 
 # ---------------------------------------------------------------------------- the fix
@@ -78,7 +78,7 @@ def _bind(self, metadata, bufs: dict, rows: int) -> None:
     part2.page_table, part2.cache_seqlens_int32 = bufs["tree"][:rows], bufs["tree_len"][:rows]
     part2.cu_seqlens_q, part2.cu_seqlens_k = bufs["cu_q"][: rows + 1], bufs["tree_cu"][: rows + 1]
     part2.max_seq_len_q, part2.max_seq_len_k = 1, n
-    setattr(metadata, EXPAND, part2)
+    state.of(metadata)[EXPAND] = part2
 
 
 def _fill(self, bufs: dict, bs: int, req_pool_indices, seq_lens, positions, metadata, expand) -> None:
@@ -164,16 +164,16 @@ def _eager(original, self, forward_batch, *args, **kwargs):
 def _state(original, self, max_bs, *args, **kwargs):
     result = original(self, max_bs, *args, **kwargs)
     if _tree(self) and self.page_size == 1:
-        self.__dict__[BUFFERS] = _buffers(self, max_bs * int(self.speculative_num_draft_tokens), self.device)
+        state.of(self)[BUFFERS] = _buffers(self, max_bs * int(self.speculative_num_draft_tokens), self.device)
     return result
 
 
 def _graph_step(self, bs, req_pool_indices, seq_lens, positions, in_capture) -> None:
-    bufs = self.__dict__.get(BUFFERS)
+    bufs = state.get(self, BUFFERS)
     if bufs is None:
         return
     metadata = self.target_verify_metadata_topk_normal[bs]
-    if in_capture or getattr(metadata, EXPAND, None) is None:
+    if in_capture or state.get(metadata, EXPAND) is None:
         _bind(self, metadata, bufs, bs * int(self.speculative_num_draft_tokens))
     _step(self, metadata, self.target_verify_metadata_topk_expand[bs], bs, req_pool_indices, seq_lens, positions,
           bufs=bufs)
@@ -206,7 +206,8 @@ def _out_graph(original, self, *args, **kwargs):
 
 
 def _chunked_layers_own_tree(original, self, q, k, v, layer, forward_batch, *args, **kwargs):
-    part2 = getattr(getattr(self, "forward_metadata", None), EXPAND, None)
+    metadata = getattr(self, "forward_metadata", None)
+    part2 = None if metadata is None else state.get(metadata, EXPAND)
     if part2 is None or not getattr(layer, "use_irope", False) or not forward_batch.forward_mode.is_target_verify():
         return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
     shared = getattr(self, SHARED_EXPAND)

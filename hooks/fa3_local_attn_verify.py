@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import ast
 
-from sglang_swa_plugin import graphed
+from sglang_swa_plugin import graphed, state
 from sglang_swa_plugin.fa3_local import FA3_CLASS as CLASS, FA3_MODULE as MODULE, GRAPH_CAPTURE as CAPTURE
 from sglang_swa_plugin.fa3_local import GRAPH_PARAMS, GRAPH_REPLAY as REPLAY, GRAPH_STATE as STATE, OUT_GRAPH
 from sglang_swa_plugin.fa3_local import cdiv as _cdiv, graph_api, local_metadata_class
@@ -32,7 +32,7 @@ from sglang_swa_plugin.fix import Detection, Fix, argument, arguments, around
 from sglang_swa_plugin.probe import callee, if_branches, optional_module, own_function, target_class
 
 NAME = "fa3_local_attn_verify"
-BUFFERS = "_swa_plugin_verify_local_attn"  # the verify graphs' static buffers, on the backend
+BUFFERS = "fa3_local_attn_verify.buffers"  # the verify graphs' static buffers, in the backend's state
 # Where the CUDA-graph metadata is built, per API; helpers they call.
 GRAPH_METHODS = ("init_forward_metadata_capture_cuda_graph", "init_forward_metadata_replay_cuda_graph",
                  "init_forward_metadata_out_graph", "_init_full_cg_decode_metadata", "_apply_cuda_graph_metadata",
@@ -44,7 +44,7 @@ LOCAL_CALLS = ("build_for_capture", "update_for_replay")
 
 
 def _applies(self) -> bool:
-    return bool(getattr(self, "has_local_attention", False)) and BUFFERS in self.__dict__
+    return bool(getattr(self, "has_local_attention", False)) and state.has(self, BUFFERS)
 
 
 def _per_request(self) -> int:
@@ -61,7 +61,7 @@ def _state_with_verify_buffers(original, self, max_bs, *args, **kwargs):
     v = max_bs * _per_request(self)
     pages = _cdiv(self.attention_chunk_size, self.page_size)
     dev = self.device
-    self.__dict__[BUFFERS] = {
+    state.of(self)[BUFFERS] = {
         "local_query_start_loc": torch.zeros(v + 1, dtype=torch.int32, device=dev),
         "local_seqused_k": torch.zeros(v, dtype=torch.int32, device=dev),
         "local_block_table": torch.zeros(v, pages, dtype=torch.int32, device=dev),
@@ -72,7 +72,7 @@ def _state_with_verify_buffers(original, self, max_bs, *args, **kwargs):
 def _bind(self, metadata, bs: int) -> None:
     """At capture: the metadata's local-attention views over the verify buffers, as wide as
     the most virtual requests ``bs`` requests can make (the graph's kernel sees these)."""
-    bufs, v = self.__dict__[BUFFERS], bs * _per_request(self)
+    bufs, v = state.get(self, BUFFERS), bs * _per_request(self)
     metadata.local_attn_metadata = local_metadata_class(metadata)(
         local_query_start_loc=bufs["local_query_start_loc"][: v + 1],
         local_seqused_k=bufs["local_seqused_k"][:v],
@@ -88,7 +88,7 @@ def _fill(self, metadata, bs: int, prefix_lens) -> None:
     (``verify_local_batches``), replayed as one CUDA graph (``graphed``): no host-device sync
     in the replayed path."""
     table = metadata.swa_page_table if self.use_sliding_window_kv_pool else metadata.page_table
-    bufs = self.__dict__[BUFFERS]
+    bufs = state.get(self, BUFFERS)
     q, k, blocks = bufs["local_query_start_loc"], bufs["local_seqused_k"], bufs["local_block_table"]
     chunk, ps, n, per = (self.attention_chunk_size, self.page_size, int(self.speculative_num_draft_tokens),
                          _per_request(self))

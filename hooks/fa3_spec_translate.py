@@ -22,7 +22,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from .. import graphed
+from .. import graphed, state
 from ..fix import Detection, Fix, TargetMissing, argument, around
 from ..patching import without_wrappers_of
 from ..probe import optional_module, swapped
@@ -35,7 +35,7 @@ KERNEL = "prepare_swa_spec_page_table_triton"
 TARGET = f"{MODULE}.{CLASS}.{METHOD}"
 
 _SHIFT = 1000  # the probe's stand-in translation
-TABLES = "_swa_plugin_spec_tables"  # on the backend: the CUDA-graph path's translated tables
+TABLES = "spec_tables"  # in the backend's state: the CUDA-graph path's translated tables
 
 
 def _translate_page_tables(original, self, metadata, metadata_expand, *args, **kwargs):
@@ -66,7 +66,7 @@ def _graph_translation(self, full_a, full_b, translate):
     pool = self.token_to_kv_pool
     mapping = getattr(pool, "full_to_swa_index_mapping", None)
     made_for, ids = (full_a, full_b, pool, mapping), (id(full_a), id(full_b))
-    steps = self.__dict__.setdefault(STEPS, {})
+    steps = state.of(self).setdefault(STEPS, {})
     step = steps.get(ids)
     if step is None or any(x is not y for x, y in zip(step[0], made_for)):
         if len(steps) >= MAX_STEPS:  # tables that are not a graph's static ones: keep none alive
@@ -76,14 +76,14 @@ def _graph_translation(self, full_a, full_b, translate):
     return step[3]
 
 
-STEPS = "_swa_plugin_spec_steps"  # on the backend: {tables' ids: (what it was made for, work, inputs, views)}
+STEPS = "fa3_spec_translate.steps"  # in the backend's state: {tables' ids: (what it was made for, work, inputs, views)}
 MAX_STEPS = 64  # more pairs of tables than a server's CUDA-graph batch sizes
 
 
 def _graph_step(self, full_a, full_b, translate, mapping) -> tuple:
     """One pair of tables' work, its graph's inputs and the translated views it writes."""
-    old = self.__dict__.get(TABLES, (None, None))
-    kept = self.__dict__[TABLES] = (_kept(old[0], full_a), _kept(old[1], full_b))
+    old = state.get(self, TABLES, (None, None))
+    kept = state.of(self)[TABLES] = (_kept(old[0], full_a), _kept(old[1], full_b))
     a, b = kept[0][: full_a.shape[0]], kept[1][: full_b.shape[0]]
 
     def both():

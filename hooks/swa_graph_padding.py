@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 
+from sglang_swa_plugin import state
 from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, around
 from sglang_swa_plugin.probe import function_text, own_function, target_class
 
@@ -31,12 +32,12 @@ TARGET = f"{MODULE}.DecodeInputBuffers.populate_from_forward_batch"
 _CLEARS = re.compile(r"out_cache_loc_swa(\[[^\]]*\])?\s*\.\s*(zero_|fill_)\s*\(")
 
 
-TAILS = "_swa_plugin_padded_tails"  # per buffers object: {raw_num_token: (out_cache_loc_swa, its tail)}
+TAILS = "padded_tails"  # in a buffers object's state: {raw_num_token: (out_cache_loc_swa, its tail)}
 
 
 def _tail(self, swa, start: int):
     """``swa[start:]``, the view made once per start (slicing costs as much as the zero_)."""
-    tails = self.__dict__.setdefault(TAILS, {})
+    tails = state.of(self).setdefault(TAILS, {})
     got = tails.get(start)
     if got is None or got[0] is not swa:  # first time, or the buffer was replaced
         got = tails[start] = (swa, swa[start:])

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 
+from sglang_swa_plugin import state
 from sglang_swa_plugin.fix import Detection, Fix, around
 from sglang_swa_plugin.probe import callee, calls, function_tree, is_attribute, module_tree, nodes, optional_module, own_function
 
@@ -32,7 +33,7 @@ BATCH_MODULE = "sglang.srt.model_executor.forward_batch_info"
 RUNNER_MODULE = "sglang.srt.model_executor.model_runner"
 TARGET = RUNNER_MODULE + ".ModelRunner._forward_raw"
 FIELD = "out_cache_loc_swa"
-TRANSLATED_FROM = "_sglang_swa_plugin_swa_loc_of"  # the out_cache_loc the batch's SWA locations are of
+TRANSLATED_FROM = "swa_loc_of"  # in a forward batch's state: the out_cache_loc the batch's SWA locations are of
 # 0.5.13+ (metadata form): the backends whose multi-step drafts take sliding-window layers (flashinfer's
 # and trtllm_mha's refuse them: one wrapper per step), by module of sglang.srt.layers.attention.
 BACKENDS = {"flashattention_backend": "FlashAttentionBackend", "triton_backend": "TritonAttnBackend"}
@@ -42,7 +43,7 @@ ATTN = "sglang.srt.layers.attention."
 FA3_METADATA = tuple(ATTN + f"flashattention_backend.FlashAttentionBackend.{m}"
                      for m in ("init_forward_metadata", "init_forward_metadata_out_graph"))
 TRITON_DECODE = ATTN + "triton_backend.TritonAttnBackend.forward_decode"
-OWN = "_sglang_swa_plugin_step_swa_loc"  # on the backend: (metadata, out_cache_loc, its SWA locations)
+OWN = "step_swa_loc"  # in the backend's state: (metadata, out_cache_loc, its SWA locations)
 
 
 def _own_swa_loc(original, self, forward_batch, *args, **kwargs):
@@ -52,10 +53,10 @@ def _own_swa_loc(original, self, forward_batch, *args, **kwargs):
     where the lengths agree. Host-side tests only; one gather where stale."""
     swa, loc = getattr(forward_batch, FIELD, None), forward_batch.out_cache_loc
     if swa is not None and loc is not None:
-        source = vars(forward_batch).get(TRANSLATED_FROM)
+        source = state.get(forward_batch, TRANSLATED_FROM)
         if swa.shape[0] != loc.shape[0] or (source is not None and source is not loc):
             forward_batch.out_cache_loc_swa = self.token_to_kv_pool_allocator.translate_loc_from_full_to_swa(loc)
-        vars(forward_batch)[TRANSLATED_FROM] = loc
+        state.of(forward_batch)[TRANSLATED_FROM] = loc
     return original(self, forward_batch, *args, **kwargs)
 
 
@@ -95,9 +96,9 @@ def _triton_step_writes(original, self, q, k, v, layer, forward_batch, *args, **
             or (swa is not None and swa.shape[0] == loc.shape[0]) or getattr(translator, "is_translating", False)
             or not _draft_step(forward_batch)):
         return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
-    own = vars(self).get(OWN)
+    own = state.get(self, OWN)
     if own is None or own[0] is not metadata or own[1] is not loc:
-        own = vars(self)[OWN] = (metadata, loc, self.token_to_kv_pool.translate_loc_from_full_to_swa(loc))
+        own = state.of(self)[OWN] = (metadata, loc, self.token_to_kv_pool.translate_loc_from_full_to_swa(loc))
     setattr(metadata, METADATA_FIELD, own[2])
     try:
         return original(self, q, k, v, layer, forward_batch, *args, **kwargs)

@@ -21,7 +21,7 @@ Delete when
 
 from __future__ import annotations
 
-from sglang_swa_plugin import triton_rail
+from sglang_swa_plugin import state, triton_rail
 from sglang_swa_plugin.chunked import CHUNK, chunk_of as _chunked, reads_use_irope, remember_chunk_hook
 from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, around
 from sglang_swa_plugin.log import warn_once
@@ -33,7 +33,7 @@ MODULE = "sglang.srt.layers.attention.triton_backend"
 BACKEND = MODULE + ".TritonAttnBackend"
 INIT, DECODE, EXTEND = (BACKEND + m for m in (".__init__", ".forward_decode", ".forward_extend"))
 _remember_chunk = remember_chunk_hook()  # around __init__
-RAIL = "_sglang_swa_plugin_chunk_rail"  # on the backend: (metadata, seq_lens, (SWA ids, in capture), metadata)
+RAIL = "chunk_rail"  # in the backend's state: (metadata, seq_lens, (SWA ids, in capture), metadata)
 
 
 def _uncovered(path: str) -> None:
@@ -147,7 +147,7 @@ def _chunked_decode(original, self, q, k, v, layer, forward_batch, *args, **kwar
 def _chunked_extend(original, self, q, k, v, layer, forward_batch, *args, **kwargs):
     """Around ``forward_extend``: a plain extend, a chain's or a tree's target verify (a draft
     extend has no chunked layer: Llama 4's drafts are plain Llama layers)."""
-    chunk, call = vars(self).get(CHUNK), (self, q, k, v, layer, forward_batch, *args)
+    chunk, call = state.get(self, CHUNK), (self, q, k, v, layer, forward_batch, *args)
     if _plain_extend(forward_batch):
         return _with_rail(original, _extend_fields, *call, **kwargs)
     if chunk and _chain_verify(forward_batch, chunk):

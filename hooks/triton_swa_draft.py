@@ -26,7 +26,7 @@ import functools
 import inspect
 from types import SimpleNamespace
 
-from sglang_swa_plugin import graphed
+from sglang_swa_plugin import graphed, state
 from sglang_swa_plugin.fix import Detection, Fix, argument, around
 from sglang_swa_plugin.probe import (calls, function_text, function_tree, if_branches, optional_module, own_function,
                                      target_class)
@@ -157,7 +157,7 @@ def _draft_step(mode, spec_info) -> bool:
     return mode.name == "DECODE" and spec_info is not None and getattr(spec_info, "kv_indptr", None) is not None
 
 
-RAIL = "_swa_plugin_window_rail"  # per backend: the pool's translation, its size, slot ranges
+RAIL = "window_rail"  # in a backend's state: the pool's translation, its size, slot ranges
 
 
 def _owners(self) -> tuple:
@@ -188,14 +188,14 @@ def _mapping(self):
 def _rail_state(self) -> dict:
     """What does not change on a backend between draft steps, looked up once: the pool's
     full->SWA translation, its mapping and how many full-pool slots that covers."""
-    state = self.__dict__.get(RAIL)
-    if state is None:
+    rail = state.get(self, RAIL)
+    if rail is None:
         mapping, translate = _mapping(self), _translator(self)
-        state = self.__dict__[RAIL] = {"translate": translate, "mapping": mapping, "slots": {},
+        rail = state.of(self)[RAIL] = {"translate": translate, "mapping": mapping, "slots": {},
                                        "limit": mapping.shape[0] if mapping is not None else None,
                                        # the kernel translates through the mapping: where the pool does
                                        "kernel": KERNELS in FIX.previews_on and (translate is None) == (mapping is None)}
-    return state
+    return rail
 
 
 def _slots(state: dict, n: int, like, rows: "int | None" = None):
@@ -293,15 +293,16 @@ def _refill_steps(self, forward_batch) -> None:
     batch size (the steps, their buffers' views, the graph's inputs) is kept per multi-step
     backend and batch size."""
     bs = self.topk * forward_batch.batch_size
-    plan = vars(self).setdefault(STEPS, {}).get(bs)
+    steps = state.of(self).setdefault(STEPS, {})
+    plan = steps.get(bs)
     if plan is None or not all(getattr(o, name) is t for o, name, t in plan["buffers"]):
-        plan = vars(self)[STEPS][bs] = _steps_plan(self, bs)
+        plan = steps[bs] = _steps_plan(self, bs)
     if plan["first"] is None:
         return
     graphed.run(self, (NAME, bs, plan["rows"]), plan["refill"], plan["inputs"])
 
 
-STEPS = "_swa_plugin_window_steps"  # on a multi-step backend: {bs: what its replays reuse}
+STEPS = "triton_swa_draft.steps"  # in a multi-step backend's state: {bs: what its replays reuse}
 
 
 def _steps_plan(self, bs: int) -> dict:

@@ -35,7 +35,7 @@ MODULE = "sglang.srt.layers.attention.triton_backend"
 EXTEND = MODULE + ".TritonAttnBackend.forward_extend"
 KERNEL_MODULES = ("sglang.kernels.ops.attention.extend_attention",  # 0.5.13+
                   "sglang.srt.layers.attention.triton_ops.extend_attention")
-RAIL = "_sglang_swa_plugin_tree_window_rail"  # on the backend, per window: see triton_rail.call_with_rail
+RAIL = "tree_window_rail"  # in the backend's state, per window (RAIL_window): see triton_rail.call_with_rail
 # the kernel's own window (by row) off; the rail's mask windows each draft, over the kept keys too
 KERNEL_ARGS = {"skip_prefix_custom_mask": False, "sliding_window_size": -1, "window_kv_offsets": None}
 UNIFIED_ARGS = {"sliding_window_size": -1}  # deterministic inference's kernel: its window (by row) off likewise

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 from typing import Any, Optional
 
+from sglang_swa_plugin import state
 from sglang_swa_plugin.chunked import chunk_of, reads_use_irope, remember_chunk_hook
 from sglang_swa_plugin.fa3_local import local_batches
 from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around
@@ -38,7 +39,7 @@ NAME = "trtllm_local_attn"
 PREFILL = "trtllm_local_attn_prefill"  # the preview: the context kernels' virtual requests
 INIT = CLASS + ".__init__"
 _remember_chunk = remember_chunk_hook()  # around __init__
-STATE, VIEW = "_sglang_swa_plugin_chunk_state", "_sglang_swa_plugin_chunk_flashinfer"
+STATE, VIEW = "chunk_state", "chunk_flashinfer"  # in the backend's state: a _State, its flashinfer view
 
 
 def _uncovered(path: str) -> None:
@@ -155,22 +156,24 @@ def _by_chunk(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     if chunk % page:
         _uncovered(f"a chunk ({chunk}) that is not a multiple of the page size ({page})")
         return original(self, *args, **kwargs)
-    state = self.__dict__.setdefault(STATE, _State())
-    state.layer_id, state.chunk, state.page, state.used = layer.layer_id, chunk, page, False
-    state.prefill = PREFILL in FIX.previews_on
-    state.batch = argument(original, "forward_batch", args, kwargs)
-    mod, view = flashinfer_view(self, VIEW, lambda fi: _chunk_flashinfer(fi, state))
+    st = state.get(self, STATE)
+    if st is None:
+        st = state.of(self)[STATE] = _State()
+    st.layer_id, st.chunk, st.page, st.used = layer.layer_id, chunk, page, False
+    st.prefill = PREFILL in FIX.previews_on
+    st.batch = argument(original, "forward_batch", args, kwargs)
+    mod, view = flashinfer_view(self, VIEW, lambda fi: _chunk_flashinfer(fi, st))
     try:
         with swapped(mod, "flashinfer", view):
             out = original(self, *args, **kwargs)
-        if not state.used:
-            mode = state.batch.forward_mode
+        if not st.used:
+            mode = st.batch.forward_mode
             decode_kernel = mode.is_decode() or mode.is_target_verify()
-            _uncovered(f"{mode.name} on a kernel form this fix does not rewrite" if state.prefill or decode_kernel
+            _uncovered(f"{mode.name} on a kernel form this fix does not rewrite" if st.prefill or decode_kernel
                        else f"the prefill ({mode.name}; a preview, not run on a GPU: SGLANG_SWA_PLUGIN_PREVIEW={PREFILL})")
         return out
     finally:
-        state.batch = None
+        st.batch = None
 
 
 # ---------------------------------------------------------------------------- detection

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Tuple
 
+from sglang_swa_plugin import state
 from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around
 from sglang_swa_plugin.graphed import capturing
 from sglang_swa_plugin.probe import callee, optional_module, own_function, swapped
@@ -32,6 +33,7 @@ from sglang_swa_plugin.trtllm_mha import (DECODE_KERNELS, FORWARD_EXTEND as TARG
                                           tests_v2, syntax, v2_flags, with_decode_entry)
 
 TARGET_VERIFY_TEST = "is_target_verify"
+VIEW, STATE = "xqa_flashinfer", "xqa_state"  # in the backend's state: its flashinfer view, an _XqaState
 
 
 # ---------------------------------------------------------------------------- the mask
@@ -135,10 +137,10 @@ def _xqa_multi_token(v2_decode: bool) -> Callable:
         verify = mode.is_target_verify()
         if not getattr(self, XQA_FLAG, False) or not (verify or mode.is_draft_extend_v2()):
             return original(self, *args, **kwargs)
-        mod, view = flashinfer_view(self, "_swa_plugin_xqa_flashinfer", lambda fi: _masking_flashinfer(
-            fi, self.__dict__.setdefault("_swa_plugin_xqa_state", _XqaState())))
+        mod, view = flashinfer_view(self, VIEW, lambda fi: _masking_flashinfer(
+            fi, state.of(self).setdefault(STATE, _XqaState())))
         q, layer = argument(original, "q", args, kwargs), argument(original, "layer", args, kwargs)
-        self._swa_plugin_xqa_state.layer_id = layer.layer_id
+        state.get(self, STATE).layer_id = layer.layer_id
         shown = mode
         if not verify and v2_decode and _uniform(q, forward_batch, self.forward_metadata) and not _encoder_only(layer):
             shown = type(mode).TARGET_VERIFY

@@ -7,7 +7,9 @@ from __future__ import annotations
 import ast
 from typing import Any, Optional
 
-CHUNK = "_sglang_swa_plugin_attention_chunk"  # on the backend: the runner's attention_chunk_size
+from . import state
+
+CHUNK = "attention_chunk"  # in the backend's state: the runner's attention_chunk_size
 
 
 def remember_chunk_hook():
@@ -16,7 +18,7 @@ def remember_chunk_hook():
 
     def remember_chunk(original, self, model_runner, *args, **kwargs):
         result = original(self, model_runner, *args, **kwargs)
-        vars(self)[CHUNK] = getattr(model_runner, "attention_chunk_size", None)
+        state.of(self)[CHUNK] = getattr(model_runner, "attention_chunk_size", None)
         return result
 
     return remember_chunk
@@ -25,7 +27,7 @@ def remember_chunk_hook():
 def chunk_of(backend: Any, layer: Any) -> Optional[int]:
     """The chunk of a chunked layer (``use_irope``, no window) of a backend built for a chunked
     model; None for every other layer."""
-    chunk = vars(backend).get(CHUNK)
+    chunk = state.get(backend, CHUNK)
     if chunk and getattr(layer, "use_irope", False) and getattr(layer, "sliding_window_size", None) in (None, -1):
         return chunk
     return None

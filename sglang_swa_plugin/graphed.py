@@ -20,10 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+from . import state
 from .log import logger
 
-ATTR = "_swa_plugin_graphed"  # on the owner (a backend): {key: Entry}
-POOL = "_swa_plugin_graph_pool"  # on the owner: one memory pool for its graphs
+ATTR = "graphed"  # in the owner's (a backend's) state: {key: Entry}
+POOL = "graph_pool"  # in the owner's state: one memory pool for its graphs
 MAX_CAPTURES = 4  # per key: inputs that keep moving stay eager
 _streams: dict = {}  # per device: the side stream captures run on
 
@@ -55,7 +56,7 @@ def run(owner, key, fn: Callable[[], None], inputs: Sequence) -> None:
     if not inputs[0].is_cuda or capturing():
         fn()
         return
-    cache = owner.__dict__.setdefault(ATTR, {})
+    cache = state.of(owner).setdefault(ATTR, {})
     sig, entry = signature(inputs), cache.get(key)
     if entry is None or entry.inputs != sig:
         captures = entry.captures if entry is not None else 0
@@ -83,9 +84,9 @@ def _capture(fn: Callable[[], None], device, key, owner) -> Optional[Any]:
 
     if device not in _streams:
         _streams[device] = torch.cuda.Stream(device=device)
-    pool = owner.__dict__.get(POOL)
+    pool = state.get(owner, POOL)
     if pool is None:
-        pool = owner.__dict__[POOL] = torch.cuda.graph_pool_handle()
+        pool = state.of(owner)[POOL] = torch.cuda.graph_pool_handle()
     graph, stream, current = torch.cuda.CUDAGraph(), _streams[device], torch.cuda.current_stream(device)
     stream.wait_stream(current)
     try:

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import os
 
+from . import state
 from .graphed import capturing
 from .probe import optional_module
 
@@ -201,15 +202,15 @@ def call_with_rail(original, self, store: str, swa: bool, build, kernel_args: di
                    *args, kernel_name: str = "extend_attention_fwd", **kwargs):
     """``original`` (a backend method) with the batch's rail (``build(self, forward_batch, swa)``'s
     metadata fields) in place of the backend's metadata, built once per forward and pool part
-    (kept on the backend under ``store``) and shared by the layers; ``kernel_args``: arguments
+    (kept in the backend's state under ``store``) and shared by the layers; ``kernel_args``: arguments
     the backend's kernel ``kernel_name`` (the extend kernel unless named) takes for the call in
     place of sglang's (e.g. ``skip_prefix_custom_mask``). The backend's metadata and kernel are
     put back after the call."""
     metadata, key = self.forward_metadata, (swa, capturing())
-    rail = vars(self).get(store)
+    rail = state.get(self, store)
     # a CUDA graph's warm-up runs share the capture's metadata: the capture builds its own rail
     if rail is None or rail[0] is not metadata or rail[1] is not forward_batch.seq_lens or rail[2] != key:
-        rail = vars(self)[store] = (metadata, forward_batch.seq_lens, key,
+        rail = state.of(self)[store] = (metadata, forward_batch.seq_lens, key,
                                     dataclasses.replace(metadata, **build(self, forward_batch, swa)))
     self.forward_metadata = rail[3]
     kernel = getattr(self, kernel_name) if kernel_args else None

@@ -12,6 +12,7 @@ import functools
 import sys
 from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Tuple
 
+from . import state
 from .graphed import capturing
 from .probe import callee, function_tree, nodes, target_class
 
@@ -50,12 +51,12 @@ def with_decode_entry(flashinfer: Any, decode: Any) -> ModuleView:
 
 def flashinfer_view(backend: Any, slot: str, build: Callable[[Any], ModuleView]) -> Tuple[Any, ModuleView]:
     """(the backend module, ``build(flashinfer)``): a view of the module's current
-    ``flashinfer``, kept on ``backend`` under ``slot`` and built again when that name holds
-    another object (another fix's view during its call, a test's kernel recorders)."""
+    ``flashinfer``, kept in ``backend``'s state (``state``) under ``slot`` and built again when
+    that name holds another object (another fix's view during its call, a test's kernel recorders)."""
     mod = sys.modules[MODULE]
-    view = backend.__dict__.get(slot)
+    view = state.get(backend, slot)
     if view is None or view._module is not mod.flashinfer:
-        view = backend.__dict__[slot] = build(mod.flashinfer)
+        view = state.of(backend)[slot] = build(mod.flashinfer)
     return mod, view
 
 

@@ -20,6 +20,7 @@ import torch
 
 import sglang.srt.model_executor.model_runner  # noqa: F401  (0.5.10: the start-up hook)
 
+from sglang_swa_plugin import state
 from sglang_swa_plugin.check import fa3_local_attn_verify as sc
 from sglang_swa_plugin.core import temporarily_installed
 from sglang_swa_plugin.fix import Verdict
@@ -160,7 +161,7 @@ def test_topk_above_one_is_left_to_the_tree_fix():
     bench = sc.make_bench(1, topk=2)
     with fixed():
         bench.backend.init_cuda_graph_state(4, 16)
-    assert lav.BUFFERS not in bench.backend.__dict__
+    assert not state.has(bench.backend, lav.BUFFERS)
 
 
 # ------------------------------------------------------------------ the device splitter

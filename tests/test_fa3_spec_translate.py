@@ -25,6 +25,7 @@ import torch
 # runner module is imported, as in a server process: make that happen before anything else.
 import sglang.srt.model_executor.model_runner  # noqa: F401
 
+from sglang_swa_plugin import state
 from sglang_swa_plugin.config import parse
 from sglang_swa_plugin.core import APPLIED, decide, temporarily_installed
 from sglang_swa_plugin.fix import Verdict
@@ -299,6 +300,6 @@ def test_graph_path_translates_into_kept_tables_as_the_eager_path_does():
         assert small.page_table is full_a and small_expand.page_table is full_b
         for key in ("a", "b", "seq_len_a", "seq_len_b"):
             assert graph[key].dtype == eager[key].dtype and torch.equal(graph[key], eager[key]), (bs, key)
-        kept = be.__dict__[fa3.TABLES]
+        kept = state.get(be, fa3.TABLES)
         assert kept[0].shape[0] >= bs and kept[0].dtype == torch.int32
     assert kept[0].shape[0] == bs_all and kept[1].shape[0] == bs_all * len(fa3_check.TREE)

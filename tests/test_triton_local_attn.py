@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from sglang_swa_plugin import log
+from sglang_swa_plugin import log, state
 from sglang_swa_plugin.chunked import reads_use_irope
 from sglang_swa_plugin.fix import Verdict
 from sglang_swa_plugin.hooks import triton_local_attn as tla
@@ -72,11 +72,11 @@ def test_layers_outside_the_fix_are_left_to_sglang():
     from types import SimpleNamespace
 
     be = SimpleNamespace(forward_metadata=object())
-    vars(be)[tla.CHUNK] = 8
+    state.of(be)[tla.CHUNK] = 8
     assert tla._chunk_of(be, SimpleNamespace(use_irope=True, sliding_window_size=-1)) == 8
     assert tla._chunk_of(be, SimpleNamespace(use_irope=True, sliding_window_size=7)) is None
     assert tla._chunk_of(be, SimpleNamespace(use_irope=False, sliding_window_size=-1)) is None
-    vars(be)[tla.CHUNK] = None
+    state.of(be)[tla.CHUNK] = None
     assert tla._chunk_of(be, SimpleNamespace(use_irope=True, sliding_window_size=-1)) is None
 
 
@@ -87,7 +87,7 @@ def test_forms_the_fix_leaves_to_sglang_are_named_once(caplog):
     from types import SimpleNamespace
 
     be = SimpleNamespace(forward_metadata=object(), dcp_size=2)
-    vars(be)[tla.CHUNK] = 8
+    state.of(be)[tla.CHUNK] = 8
     log.WARNED.discard((tla.NAME, "decode context parallelism"))
     with caplog.at_level(logging.WARNING):
         for _ in range(2):

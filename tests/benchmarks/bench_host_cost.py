@@ -155,13 +155,14 @@ def plugin_kernels():
     (``translate_head``) as their torch forms, each counted as the one launch it is (``launch``)."""
     from unittest import mock
 
-    from sglang_swa_plugin import rail_kernel
+    from sglang_swa_plugin import rail_kernel, state
     from sglang_swa_plugin.hooks import triton_swa_draft as tsd
 
     def window_of_rail_layout(kv_indptr, kv_indices, mapping, bs, window, out_indptr, out_ids):
-        be = SimpleNamespace(sliding_window_size=window, **{tsd.RAIL: {
+        be = SimpleNamespace(sliding_window_size=window)
+        state.of(be)[tsd.RAIL] = {
             "translate": (lambda ids: mapping[ids]) if mapping is not None else None, "mapping": mapping,
-            "limit": mapping.shape[0] if mapping is not None else None, "slots": {}, "kernel": False}})
+            "limit": mapping.shape[0] if mapping is not None else None, "slots": {}, "kernel": False}
         cum, ids = tsd.window_rails(be, kv_indptr[None], kv_indices[None], bs)
         out_indptr[1 : bs + 1] = cum[0]
         out_ids[: ids.shape[1]] = ids[0]
@@ -322,10 +323,10 @@ def graphed_as_on_gpu():
     checked against the one kept, then one launch (``launch``: the work's own time taken out)."""
     from unittest import mock
 
-    from sglang_swa_plugin import graphed
+    from sglang_swa_plugin import graphed, state
 
     def run(owner, key, fn, inputs):
-        cache = owner.__dict__.setdefault(graphed.ATTR, {})
+        cache = state.of(owner).setdefault(graphed.ATTR, {})
         sig, entry = graphed.signature(inputs), cache.get(key)
         if entry is None or entry.inputs != sig:
             cache[key] = graphed.Entry(sig)

@@ -6,7 +6,7 @@ Bug
     ``window_kv_indices``: a Triton compile error at capture, or foreign slots read. Fix, as
     0.5.23: the last ``sliding_window_size`` keys of the full rail, in SWA space, built by
     sglang's own window helper (draft extend) or gathered per step (draft decode); a preview
-    (triton_swa_draft_kernels) does each rail in one Triton kernel, not yet run on a GPU.
+    (triton_swa_draft_kernels) does each rail in one Triton kernel (GPU-checked, not yet served).
 Upstream PRs
     #29858, #24481, the Triton half of #22679.
 Affected versions
@@ -34,7 +34,7 @@ from sglang_swa_plugin.triton_rail import kernel_lays_out
 
 MODULE = "sglang.srt.layers.attention.triton_backend"
 NAME = "triton_swa_draft"
-KERNELS = "triton_swa_draft_kernels"  # the preview: one Triton kernel per rail (not run on a GPU yet)
+KERNELS = "triton_swa_draft_kernels"  # the preview: one Triton kernel per rail (equal on a GPU; no server row yet)
 CLASS = MODULE + ".TritonAttnBackend"
 EAGER = CLASS + ".init_forward_metadata"
 CAPTURE = CLASS + ".init_forward_metadata_capture_cuda_graph"  # 0.5.10-0.5.12

@@ -46,7 +46,7 @@ def built(tmp_path_factory):
             model = t.hf_model(t.SIZE)
             saved = t.save(str(tmp_path_factory.mktemp(name)))
             ps = readout.prompts(N, LENGTH, SEED)
-            cache[name] = (t, model, saved, ps, readout.greedy(model, ps, NEW)[0])
+            cache[name] = (t, model, saved, ps, readout.greedy(model, ps, NEW, cache=True)[0])
         return cache[name]
 
     return get

@@ -59,6 +59,35 @@ def test_a_target_passes_every_check_and_gives_its_pinned_tokens(name):
     assert readout.greedy(model, readout.prompts(PIN["n"], PIN["length"], 1), PIN["max_new"])[0] == t.PINNED
 
 
+@pytest.mark.parametrize("name", targets.NAMES)
+def test_the_cached_greedy_gives_the_recomputed_tokens(name):
+    """The selftest's reference runs through the model's KV cache; the checks recompute every
+    step. Both give the same tokens and margins (the targets without a cache recompute)."""
+    t = _target(name)
+    model, ps = t.hf_model(), readout.prompts(4, LENGTH, 2)
+    (got, m1), (want, m2) = readout.greedy(model, ps, NEW, cache=True), readout.greedy(model, ps, NEW)
+    assert got == want and max(abs(a - b) for a, b in zip(m1, m2)) < 1e-5, (got, want)
+
+
+def test_the_reference_recomputes_where_the_cache_disagrees(monkeypatch):
+    """command.reference holds the cached tokens to the recomputed ones on the checks' requests
+    and recomputes everything where they differ (a cache that gives other tokens)."""
+    from sglang_swa_plugin.selftest import command
+
+    t = _target("gptoss")
+    protocol = command.Protocol(requests=4, prompt_len=LENGTH, new_tokens=8, check_requests=2)
+    right = command.reference(t, [1], protocol)
+    plain = readout.greedy
+
+    def bad_cache(model, ps, max_new, cache=False):
+        out, margins = plain(model, ps, max_new)
+        return ([[x + 1 for x in o] for o in out] if cache else out), margins
+
+    monkeypatch.setattr(readout, "greedy", bad_cache)
+    assert command.reference(t, [1], protocol) == right
+    assert len(right) == 4 and all(len(o) == 8 for o in right)
+
+
 def test_a_window_blind_target_fails_check_a():
     from sglang_swa_plugin.selftest.targets import gptoss
 

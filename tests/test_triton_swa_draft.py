@@ -212,7 +212,7 @@ def test_the_window_kernels_lay_out_what_the_torch_forms_do():
 
 
 def test_the_window_kernels_are_a_preview():
-    """The one-kernel rails (``rail_kernel``) have not run on a GPU: they are used only where
+    """The one-kernel rails (``rail_kernel``) have run on a GPU but served no row yet: they are used only where
     ``SGLANG_SWA_PLUGIN_PREVIEW`` names ``triton_swa_draft_kernels``; otherwise the torch forms
     that ran on the GPU (per backend, decided once)."""
     from sglang_swa_plugin.probe import swapped

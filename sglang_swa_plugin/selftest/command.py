@@ -193,12 +193,17 @@ def target_check(target, protocol: Protocol, seed: int, hf_model: Optional[Calla
 
 def reference(target, seeds: list, protocol: Protocol, model=None) -> list:
     """transformers' float32 greedy output of the target for every seed's prompts, in order
-    (``model``: the float32 model, default built here)."""
+    (``model``: the float32 model, default built here), through the model's KV cache. The
+    checks' requests (the first seed's first ``check_requests``) are computed again without it,
+    recomputing every step: where the two differ, every request is recomputed that way."""
     from .targets import readout
 
-    model, out = model or target.hf_model(), []
-    for s in seeds:
-        out += readout.greedy(model, readout.prompts(protocol.requests, protocol.prompt_len, s), protocol.new_tokens)[0]
+    model = model or target.hf_model()
+    per_seed = [readout.prompts(protocol.requests, protocol.prompt_len, s) for s in seeds]
+    out = [o for ps in per_seed for o in readout.greedy(model, ps, protocol.new_tokens, cache=True)[0]]
+    first = per_seed[0][:protocol.check_requests] if per_seed else []
+    if first and readout.greedy(model, first, protocol.new_tokens)[0] != out[:len(first)]:
+        out = [o for ps in per_seed for o in readout.greedy(model, ps, protocol.new_tokens)[0]]
     return out
 
 
@@ -474,6 +479,10 @@ def main(args: argparse.Namespace, runner: Optional[Callable] = None, gpu=rows.d
     for f in [servers.submit(serve, t) for t in twins]:
         f.result()
     servers.shutdown()
+    left = [f for f in (*refs.values(), *expectations.values()) if not f.done()]
+    if left:  # a run cut short by a time limit still shows where its time went
+        say(f"  servers done ({time.time() - t0:.0f} s); {len(left)} float32 reference(s) and expected accept "
+            "length(s) still computing on the CPU")
     references = {}
     for name, f in refs.items():
         try:
@@ -488,6 +497,8 @@ def main(args: argparse.Namespace, runner: Optional[Callable] = None, gpu=rows.d
             if name in references:
                 report["problems"].append(f"target {name} {mode}: no expected accept length ({type(e).__name__}: {e})")
     cpu.shutdown()
+    if left:
+        say(f"  the CPU's float32 work done ({time.time() - t0:.0f} s)")
     fixes = fixes_needed.result()
     doctor.shutdown()
     report["needed_fixes"] = fixes.get("needed")

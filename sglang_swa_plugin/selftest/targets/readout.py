@@ -253,20 +253,43 @@ def hide_broken_torchvision() -> None:
         sys.modules["torchvision"] = None
 
 
-def greedy(model, prompts: list, max_new: int) -> tuple:
+def greedy(model, prompts: list, max_new: int, cache: bool = False) -> tuple:
     """Greedy continuation of equal-length prompts, the whole sequence recomputed every step (no
-    cache). Returns (outputs, smallest relative logit margin of each request)."""
+    cache; the checks' form: ``kv_perturbed`` acts on whole-sequence reads), or with ``cache``
+    one new token a step through the model's own KV cache (transformers' ``past_key_values``;
+    a model that takes none is recomputed): the same tokens about 30 times faster
+    (``command.reference`` holds the two equal on the checks' requests). Returns (outputs,
+    smallest relative logit margin of each request)."""
     import torch
 
     ids = torch.tensor(prompts)
     margins = torch.full((len(prompts),), float("inf"))
+    cache = cache and takes_cache(model)
+    past, feed, out = None, ids, []
     with torch.no_grad():
         for _ in range(max_new):
-            logits = model(input_ids=ids).logits[:, -1].float()
+            if cache:
+                step = model(input_ids=feed, past_key_values=past, use_cache=True, logits_to_keep=1)
+                past = step.past_key_values
+            else:
+                step = model(input_ids=torch.cat([ids, *out], 1))
+            logits = step.logits[:, -1].float()
             top = logits.topk(2, dim=-1).values
             margins = torch.minimum(margins, (top[:, 0] - top[:, 1]) / top[:, 0].abs().clamp_min(1e-9))
-            ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], 1)
-    return ids[:, len(prompts[0]):].tolist(), margins.tolist()
+            feed = logits.argmax(-1, keepdim=True)
+            out.append(feed)
+    return (torch.cat(out, 1).tolist() if out else [[] for _ in prompts]), margins.tolist()
+
+
+def takes_cache(model) -> bool:
+    """The model's forward takes transformers' KV cache arguments."""
+    import inspect
+
+    try:
+        params = inspect.signature(getattr(model, "forward", model)).parameters
+    except (TypeError, ValueError):
+        return False
+    return {"past_key_values", "use_cache", "logits_to_keep"} <= set(params)
 
 
 def prompts(n: int, length: int, seed: int) -> list:

@@ -25,8 +25,8 @@ from __future__ import annotations
 import ast
 import functools
 
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around, with_argument
-from sglang_swa_plugin.probe import function_tree, nodes, optional_module, own_function, swapped
+from sglang_swa_plugin.fix import Detection, Fix, argument, around, with_argument
+from sglang_swa_plugin.probe import function_tree, nodes, optional_class, optional_module, own_function, swapped
 
 MODULE = "sglang.srt.layers.attention.flashinfer_backend"
 BACKEND = MODULE + ".FlashInferAttnBackend"
@@ -199,12 +199,9 @@ def _ragged_calls(fn, method_names) -> list:
 
 
 def classify() -> Detection:
-    mod = optional_module(MODULE)
-    if mod is None:
-        return Detection.not_applicable("this sglang has no flashinfer attention backend")
-    cls = getattr(mod, "FlashInferAttnBackend", None)
+    cls = optional_class(f"{MODULE}.FlashInferAttnBackend")
     if cls is None:
-        raise TargetMissing(f"{MODULE}.FlashInferAttnBackend")
+        return Detection.not_applicable("this sglang has no flashinfer attention backend")
     init, extend = own_function(cls, "__init__"), own_function(cls, "forward_extend")
     if init is None or extend is None:
         return Detection.unknown("FlashInferAttnBackend lacks __init__ or forward_extend")
@@ -218,7 +215,7 @@ def classify() -> Detection:
         return Detection.unknown("every ragged prefill run passes window_left: check its plan before hooking")
     plan = [around(INIT, _with_windowed_ragged), around(EXTEND, _layer_window)]
     reason = "the ragged prefill of sliding-window layers runs without window_left (whole prompt)"
-    updater = getattr(mod, "FlashInferIndicesUpdaterPrefill", None)
+    updater = getattr(optional_module(MODULE), "FlashInferIndicesUpdaterPrefill", None)
     window_plan = own_function(updater, "update_sliding_window") if updater is not None else None
     if window_plan is not None:
         tree = function_tree(window_plan)[0]

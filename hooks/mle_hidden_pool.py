@@ -25,8 +25,8 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, around
-from sglang_swa_plugin.probe import compact, function_tree, nodes, optional_module, own_function
+from sglang_swa_plugin.fix import Detection, Fix, around
+from sglang_swa_plugin.probe import compact, function_tree, nodes, optional_class, optional_module, own_function
 
 MODULE = "sglang.srt.speculative.multi_layer_eagle_worker_v2"
 WORKER = MODULE + ".MultiLayerEagleDraftWorker"
@@ -75,12 +75,9 @@ def classify() -> Detection:
     handed_out = slot_size_is_handed_out()  # first: 0.5.10's worker module is not imported mid-start-up
     if handed_out is False:
         return Detection.not_needed("request slots run 0..size-1 (no padding row): a pool of size rows covers them")
-    mod = optional_module(MODULE)
-    if mod is None:
-        return Detection.not_applicable("this sglang has no multi-layer EAGLE draft worker")
-    cls = getattr(mod, "MultiLayerEagleDraftWorker", None)
+    cls = optional_class(WORKER)
     if cls is None:
-        raise TargetMissing(WORKER)
+        return Detection.not_applicable("this sglang has no multi-layer EAGLE draft worker")
     init = own_function(cls, "__init__")
     call = pool_allocation(init) if init is not None else None
     if call is None:

@@ -25,8 +25,8 @@ from __future__ import annotations
 import ast
 import inspect
 
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, around
-from sglang_swa_plugin.probe import function_tree, nodes, optional_module, own_function, swapped
+from sglang_swa_plugin.fix import Detection, Fix, around
+from sglang_swa_plugin.probe import function_tree, nodes, optional_class, own_function, swapped
 
 MODULE = "sglang.srt.speculative.multi_layer_eagle_draft_extend_cuda_graph_runner"
 RUNNER = MODULE + ".MultiLayerEagleDraftExtendCudaGraphRunner"
@@ -63,15 +63,12 @@ def _guarded(fn) -> bool:
 
 
 def classify() -> Detection:
-    mod = optional_module(MODULE)
-    if mod is None:
-        return Detection.not_applicable("this sglang has no multi-layer EAGLE draft-extend graph runner")
-    cls = getattr(mod, "MultiLayerEagleDraftExtendCudaGraphRunner", None)
+    cls = optional_class(RUNNER)
     if cls is None:
-        raise TargetMissing(RUNNER)
+        return Detection.not_applicable("this sglang has no multi-layer EAGLE draft-extend graph runner")
     capture = own_function(cls, "capture_one_batch_size")
     if capture is None:  # 0.5.14+: the capture moved to a shared runner
-        if METHOD in inspect.getsource(mod):
+        if METHOD in inspect.getsource(inspect.getmodule(cls)):
             return Detection.unknown("the draft-extend runner translates somewhere other than its capture")
         return Detection.not_needed("the draft-extend graph runner does not translate through the pool")
     if not _pool_translations(capture):

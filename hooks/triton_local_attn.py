@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from sglang_swa_plugin import state, triton_rail
 from sglang_swa_plugin.chunked import CHUNK, chunk_of as _chunked, reads_use_irope, remember_chunk_hook
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, around
+from sglang_swa_plugin.fix import Detection, Fix, around
 from sglang_swa_plugin.log import warn_once
-from sglang_swa_plugin.probe import function_tree, is_attribute, module_tree, nodes, optional_module, own_function
+from sglang_swa_plugin.probe import function_tree, is_attribute, module_tree, nodes, optional_class, own_function
 from sglang_swa_plugin.triton_rail import slots as _slots, tree_verify as _tree_verify
 
 NAME = "triton_local_attn"
@@ -172,12 +172,9 @@ def _picks_by_window(cls, name: str) -> bool:
 
 
 def classify() -> Detection:
-    tree, mod = module_tree(MODULE), optional_module(MODULE)
-    if tree is None or mod is None:
+    tree, cls = module_tree(MODULE), optional_class(f"{MODULE}.TritonAttnBackend")
+    if tree is None or cls is None:
         return Detection.not_applicable("this sglang has no triton attention backend")
-    cls = getattr(mod, "TritonAttnBackend", None)
-    if cls is None:
-        raise TargetMissing(f"{MODULE}.TritonAttnBackend")
     plan = (around(INIT, _remember_chunk), around(DECODE, _chunked_decode), around(EXTEND, _chunked_extend))
     if reads_use_irope(tree):
         return Detection.not_needed("triton's backend reads use_irope (chunked layers)", *plan)

@@ -26,9 +26,9 @@ import ast
 import functools
 import inspect
 
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around
-from sglang_swa_plugin.probe import (function_text, function_tree, is_attribute, nodes, optional_module, own_function,
-                                     swapped)
+from sglang_swa_plugin.fix import Detection, Fix, argument, around
+from sglang_swa_plugin.probe import (function_text, function_tree, is_attribute, nodes, optional_class, optional_module,
+                                     own_function, swapped)
 
 NAME = "triton_one_pool_window"
 MODULE = "sglang.srt.layers.attention.triton_backend"
@@ -118,12 +118,9 @@ def _gated_config_branches(rule) -> "tuple[list, list]":
 
 
 def classify() -> Detection:
-    mod = optional_module(MODULE)
-    if mod is None:
-        return Detection.not_applicable("this sglang has no triton attention backend")
-    backend = getattr(mod, "TritonAttnBackend", None)
+    backend = optional_class(f"{MODULE}.TritonAttnBackend")
     if backend is None:
-        raise TargetMissing(f"{MODULE}.TritonAttnBackend")
+        return Detection.not_applicable("this sglang has no triton attention backend")
     if not _reads(own_function(backend, "__init__"), "sliding_window_size", "model_runner"):
         return Detection.unknown("TritonAttnBackend.__init__ no longer reads model_runner.sliding_window_size")
     values = _hybrid_assignments()

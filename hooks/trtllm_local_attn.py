@@ -27,10 +27,10 @@ from typing import Any, Optional
 from sglang_swa_plugin import state
 from sglang_swa_plugin.chunked import chunk_of, reads_use_irope, remember_chunk_hook
 from sglang_swa_plugin.fa3_local import local_batches
-from sglang_swa_plugin.fix import Detection, Fix, TargetMissing, argument, around
+from sglang_swa_plugin.fix import Detection, Fix, argument, around
 from sglang_swa_plugin.graphed import capturing
 from sglang_swa_plugin.log import warn_once
-from sglang_swa_plugin.probe import module_tree, optional_module, own_function, swapped
+from sglang_swa_plugin.probe import module_tree, optional_class, own_function, swapped
 from sglang_swa_plugin.trtllm_mha import (CLASS, FORWARD_DECODE, FORWARD_DECODE_PARAMS, FORWARD_EXTEND,
                                           FORWARD_EXTEND_PARAMS, MODULE, ModuleView, PerPass, exact_query,
                                           flashinfer_view, one_token_lens, syntax)
@@ -190,12 +190,9 @@ def _windows_by_layer(fn: Any) -> bool:
 
 
 def classify() -> Detection:
-    tree, mod = module_tree(MODULE), optional_module(MODULE)
-    if tree is None or mod is None:
+    tree, cls = module_tree(MODULE), optional_class(f"{MODULE}.TRTLLMHAAttnBackend")
+    if tree is None or cls is None:
         return Detection.not_applicable("this sglang has no trtllm_mha backend")
-    cls = getattr(mod, "TRTLLMHAAttnBackend", None)
-    if cls is None:
-        raise TargetMissing(f"{MODULE}.TRTLLMHAAttnBackend")
     plan = (around(INIT, _remember_chunk), around(FORWARD_DECODE, _by_chunk), around(FORWARD_EXTEND, _by_chunk))
     if reads_use_irope(tree):
         return Detection.not_needed("trtllm_mha's backend reads use_irope (chunked layers)", *plan)

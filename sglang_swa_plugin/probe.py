@@ -60,6 +60,14 @@ def target_class(dotted: str) -> type:
     return cls
 
 
+def optional_class(dotted: str) -> Optional[type]:
+    """The class at ``module.Class``; None where this sglang has no such module (the feature is
+    absent: not applicable); TargetMissing naming it where the module is there without it."""
+    if optional_module(dotted.rpartition(".")[0]) is None:
+        return None
+    return target_class(dotted)
+
+
 @functools.lru_cache(maxsize=None)
 def swa_pool_class() -> type:
     """The ``SWAKVPool`` class the trtllm_mha backend checks against (its module's binding

@@ -110,3 +110,15 @@ def test_a_renamed_ragged_prefill_wrapper_is_target_moved(monkeypatch):
         return  # no flashinfer backend in this sglang
     monkeypatch.setattr(hook, "WRAPPER", hook.WRAPPER + "Renamed")
     _judge("flashinfer_swa_prefill", before, safe_detect(hook.FIX), hook.WRAPPER)
+
+
+def test_optional_class_tells_an_absent_feature_from_a_moved_class():
+    """probe.optional_class: None where the module is absent (not applicable), TargetMissing
+    naming the class where its module is there without it, else the class."""
+    from sglang_swa_plugin.fix import TargetMissing
+    from sglang_swa_plugin.probe import optional_class
+
+    assert optional_class(f"{TRITON}.TritonAttnBackend") is importlib.import_module(TRITON).TritonAttnBackend
+    assert optional_class("sglang.srt.layers.attention.no_such_backend.TritonAttnBackend") is None
+    with pytest.raises(TargetMissing, match="NoSuchClass"):
+        optional_class(f"{TRITON}.NoSuchClass")

@@ -37,12 +37,14 @@ VERSIONS = [f"0.5.{n}" for n in range(10, 24)]
 # is not its record, so a release outside it classifies as the records say.
 CI_VERSIONS = {"0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.16", "0.5.22", "0.5.23"}
 DEMO_VERSION = "0.5.11"
-# Where the release-independent tests run (pytest markers cli and release_independent: the
-# plugin's own start-up, settings, CLI and hook verification: minutes of subprocesses a release):
-# 0.5.10 (the start-up hook without sglang's plugin framework) and the newest release (with it).
-# The statuses session fails where these miss a form of sglang's plugin framework (its code).
+# Where the release-independent tests run (pytest marker release_independent: the plugin's own
+# start-up and hook verification on each form of sglang's plugin framework): 0.5.10 (the start-up
+# hook, no framework) and the newest release (the framework). The statuses session fails where
+# these miss a form of sglang's plugin framework (its code).
 CLI_VERSIONS = {"0.5.10", VERSIONS[-1]}
-RELEASE_INDEPENDENT = ("cli", "release_independent")
+# Where the command-line and settings runs go (pytest marker cli: behaviour that depends on no
+# release, minutes of subprocesses importing sglang): the newest release alone.
+COMMAND_LINE_VERSIONS = {VERSIONS[-1]}
 # Where the selftest targets' own float32 computations run (pytest marker targets: transformers'
 # models on the CPU, no sglang; minutes a release): the newest release, whose transformers has
 # every target's reference class (a target it lacks there is an undeclared skip: the run fails).
@@ -164,9 +166,10 @@ def statuses(session: nox.Session) -> None:
 def tests(session: nox.Session, sglang: str) -> None:
     """The full tests on one release (3.5-8 min on 2 cores; ``-- tests/test_x.py`` for one file)."""
     install_sglang(session, sglang)
-    # The release-independent tests run on CLI_VERSIONS, the targets' on TARGET_VERSIONS; every
-    # other test on every release.
-    skipped = [*(RELEASE_INDEPENDENT if sglang not in CLI_VERSIONS else ()),
+    # The release-independent tests run on CLI_VERSIONS, the command-line ones on
+    # COMMAND_LINE_VERSIONS, the targets' on TARGET_VERSIONS; every other test on every release.
+    skipped = [*(("release_independent",) if sglang not in CLI_VERSIONS else ()),
+               *(("cli",) if sglang not in COMMAND_LINE_VERSIONS else ()),
                *(("targets",) if sglang not in TARGET_VERSIONS else ())]
     marks = " and ".join(["not gpu", *(f"not {m}" for m in skipped)])
     session.run("pytest", *PYTEST_WORKERS, "-m", marks, *session.posargs, env=PYTEST_ENV)

@@ -374,7 +374,7 @@ class Runner:
 
 
 # The command's tests below: its rows judged, with fake servers and the GPU, sglang's options and
-# doctor's report given: the same on every release (noxfile.CLI_VERSIONS). What the installed
+# doctor's report given: the same on every release (noxfile.COMMAND_LINE_VERSIONS). What the installed
 # release adds is whether sglang serves Llama 4 (test_availability_is_read_from_the_installed_sglang,
 # every release) and the float32 reference's transformers (the targets' tests above: TARGET_VERSIONS).
 JUDGING_ONLY = pytest.mark.release_independent

@@ -11,7 +11,7 @@ from helpers import BUILTIN_NAMES, child_json, run_child, third_party_dist
 from sglang_swa_plugin import config
 
 # Settings are read by the plugin's own code, the same on every release: these start-up and
-# CLI runs go in the sessions of noxfile.CLI_VERSIONS (the first and the newest release).
+# CLI runs go in the session of noxfile.COMMAND_LINE_VERSIONS (the newest release).
 pytestmark = pytest.mark.cli
 
 REGISTER = """

@@ -6,7 +6,7 @@ On the CPU, any machine with the plugin and the release's sglang installed:
 
     python tests/gpu/rejudge.py LOGS_DIR TARGETS [SEEDS]    (e.g. ... gptoss,llama4 91,92,93)
 
-One line per row: identical requests per seed, accept length, expected, floor, verdict."""
+One line per row: identical requests per seed, accept length, expected, the selftest's verdict."""
 
 from __future__ import annotations
 
@@ -35,17 +35,16 @@ def main(logs: str, names: str, seeds: str = "91,92,93") -> int:
         ref = command.reference(t, seeds_, command.PROTOCOL, model)
         for f in sorted(glob.glob(os.path.join(logs, f"{name}_*.outputs.json"))):
             key = os.path.basename(f)[:-len(".outputs.json")]
-            judged = judging.judge({"state": judging.SERVED, "outputs": json.load(open(f))}, ref, command.PROTOCOL.requests)
             spec, accept = rows.MODES.get(_mode(name, key)), runs.get(key, {}).get("accept_length")
+            judged = judging.judge({"state": judging.SERVED, "outputs": json.load(open(f)), "accept_length": accept},
+                                   ref, command.PROTOCOL.requests)
             expected = spec and command._expectation(acceptance.expected_accept, t, spec, reqs, command.PROTOCOL.new_tokens,
                                                      ref, model=model, saved=tuple(saved[:2]))
-            low = judging.accept_problem(accept, expected) if spec else None
-            verdict = "OK" if judging.exact(judged) and not low else "WRONG TOKENS" if not judging.exact(judged) else "LOW ACCEPT"
-            bad += verdict != "OK"
+            text, failed = judging.verdict(judged, key.endswith("_plugin"), row=runs.get(key),
+                                           speculative=spec is not None, expected=expected)
+            bad += bool(failed)
             seen = " ".join(f"{s['identical']}/{s['of']}" for s in judged["per_seed"])
-            print(f"{key}: {seen}"
-                  + (f", accept {accept} expected {expected} floor {judging.accept_floor(expected):.3f}" if expected else "")
-                  + f": {verdict}", flush=True)
+            print(f"{key}: {seen}, accept {accept} expected {expected}: {text}", flush=True)
     return 1 if bad else 0
 
 

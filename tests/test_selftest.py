@@ -29,20 +29,6 @@ from sglang_swa_plugin.selftest.targets import readout
 
 # Short requests: 4 prompts of 60 tokens (longer than the window 16 and the chunk 32), 12 new tokens.
 SHORT = command.Protocol(requests=4, prompt_len=60, new_tokens=12, check_requests=4)
-# transformers' float32 tokens of the first two prompts of seed 1 (SHORT), computed with
-# tests/gpu/{gptoss,llama4,gemma4}_target.py and readout.py before they moved into the package.
-PINNED = {
-    "gptoss": [[1029, 1035, 1038, 1059, 1024, 1062, 1012, 1060, 1063, 1027, 1014, 1052],
-               [1022, 1023, 1020, 1017, 1011, 1056, 1014, 1046, 1000, 1021, 1062, 1021]],
-    "llama4": [[1014, 1033, 1029, 1049, 1018, 1030, 1030, 1034, 1034, 1060, 1060, 1011],
-               [1017, 1034, 1034, 1034, 1034, 1060, 1060, 1011, 1011, 1046, 1046, 1015]],
-    "gemma4": [[1001, 1058, 1006, 1005, 1009, 1023, 1057, 1062, 1027, 1053, 1063, 1016],
-               [1037, 1050, 1015, 1060, 1010, 1039, 1007, 1053, 1019, 1019, 1037, 1037]],
-    # transformers 5.19's MiMoV2FlashForCausalLM; releases whose transformers lacks it (sglang
-    # 0.5.10-0.5.22) compute the same tokens with the target's own forward
-    "mimo_v2": [[1052, 1015, 1027, 1055, 1018, 1017, 1039, 1014, 1060, 1042, 1048, 1059],
-                [1055, 1045, 1017, 1044, 1024, 1031, 1020, 1018, 1013, 1039, 1036, 1060]],
-}
 # The command's tests: 2 requests of 60 tokens, 12 new tokens.
 TINY = command.Protocol(requests=2, prompt_len=60, new_tokens=12, check_requests=2)
 H100 = rows.Gpu("NVIDIA H100 80GB HBM3", (9, 0))
@@ -76,13 +62,11 @@ def saved(tmp_path_factory):
 @pytest.mark.parametrize("name", targets.NAMES)
 def test_a_target_gives_the_pinned_tokens_in_bf16_too_and_sees_its_window(name):
     t = _target(name)
-    assert command.reference(t, [1], SHORT._replace(requests=2)) == getattr(t, "PINNED", PINNED.get(name))
+    assert command.reference(t, [1], SHORT._replace(requests=2)) == t.PINNED
     chk = command.target_check(t, SHORT, 1)
     assert chk["ok"] and chk["problems"] == [] and chk["bf16_equal"] == 4, chk
     assert chk["min_margin"] >= readout.MARGIN_FLOOR, chk
-    # the slot and index-space figures are shown and counted, the limits named (not enforced yet)
-    assert chk["slot_changed"] is not None and chk["full_changed"] is not None, chk
-    assert all(x.startswith(readout.NOT_ENFORCED) for x in chk["limits"]), chk
+    assert 2 * chk["slot_changed"] > 4 and 2 * chk["full_changed"] > 4, chk
     assert chk["changed"] == {t.SIZE - 1: 4, t.SIZE + 1: 4}, chk
 
 

@@ -5,7 +5,7 @@ every target passes each check on a few short requests, its float32 tokens are t
 (b) the two-vote design the targets had before (only the oldest key of a window, a weak vote,
     reads a prompt slot: a wrong slot rarely shows);
 (c) full-attention layers that add nothing;
-(d) votes whose classes' weights are 2 % apart (margins below the floor).
+(d) a vote of a twelfth of the others' weight (margins below the floor).
 Sized for one core: 8 requests of 40 tokens, 24 new ones (long enough for a slot to be read
 both as the oldest key and as the previous token)."""
 
@@ -49,12 +49,8 @@ def _changed(model, fault, n: int = N, seed: int = 1) -> int:
 def test_a_target_passes_every_check_and_gives_its_pinned_tokens(name):
     t = _target(name)
     row = readout.check(t.hf_model, t.SIZE, t.LABEL, [1], n=N, length=LENGTH, max_new=NEW, show=None)[1]
-    # the wrong-slot (b) and wrong-index-space (c) checks do not reach "most outputs" on every
-    # target yet: they are the targets' limits (shown, not enforced); the rest must hold
-    problems, limits = readout.enforced(row["problems"])
-    assert problems == [] and all(x.startswith(readout.NOT_ENFORCED) for x in limits), row
-    assert row["bf16_equal"] == N and row["min_margin"] >= readout.MARGIN_FLOOR, row
-    assert row["slot_changed"] is not None and row["full_changed"] is not None, row
+    assert row["problems"] == [] and row["bf16_equal"] == N and row["min_margin"] >= readout.MARGIN_FLOOR, row
+    assert 2 * row["slot_changed"] > N and 2 * row["full_changed"] > N, row
     model = t.hf_model()
     assert readout.greedy(model, readout.prompts(PIN["n"], PIN["length"], 1), PIN["max_new"])[0] == t.PINNED
 
@@ -120,10 +116,10 @@ def test_silent_full_layers_fail_check_c():
     assert 2 * _changed(gptoss.hf_model(), fault) > N
 
 
-def test_close_votes_fail_check_d(monkeypatch):
+def test_a_weak_vote_fails_check_d(monkeypatch):
     from sglang_swa_plugin.selftest.targets import gptoss
 
-    monkeypatch.setitem(readout.VOTES, "B", (0.7, 0.98))  # a B of weight 0.98 against an A of 1.0
+    monkeypatch.setitem(readout.WEIGHT, "B", 0.08)  # a B of weight 0.08 against A and C of 1.0
     margins = readout.greedy(gptoss.hf_model(), readout.prompts(N, LENGTH, 1), NEW)[1]
     problems = readout.check_problems({"bf16_equal": N, "min_margin": round(min(margins), 3), "slot_changed": N,
                                        "full_changed": N}, N)
@@ -139,3 +135,18 @@ def test_check_problems_reads_every_check():
                              ("full_changed", 4, "full layers"), ("full_changed", None, "no full-attention")):
         problems = readout.check_problems({**good, key: value}, 8)
         assert len(problems) == 1 and text in problems[0], (key, problems)
+
+
+@pytest.mark.parametrize("name", ["mimo_v2", "step3p5"])
+def test_an_own_forward_through_its_cache_gives_the_recomputed_tokens(name):
+    """The targets' own forwards (their reference where transformers has no class for them) take
+    readout.greedy's cache: the same tokens and margins as recomputing every step."""
+    import torch
+
+    t = targets.load(name)
+    model = readout.OwnForward(t.forward32, {k: v.to(torch.bfloat16).float() for k, v in t.weights().items()},
+                               t.WINDOW, t.LAYER_TYPES)
+    assert readout.takes_cache(model)
+    ps = readout.prompts(4, LENGTH, 2)
+    (cached, m1), (recomputed, m2) = readout.greedy(model, ps, NEW, cache=True), readout.greedy(model, ps, NEW)
+    assert cached == recomputed and m1 == pytest.approx(m2, abs=1e-4), (cached, recomputed)

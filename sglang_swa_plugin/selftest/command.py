@@ -172,8 +172,7 @@ def target_check(target, protocol: Protocol, seed: int, hf_model: Optional[Calla
     bf16 equal to float32, the smallest relative logit margin, the requests a size changed by
     one changes, those one wrong in-window slot changes and those the full layers change when
     they read through a wrong index space; ``problems``: the checks it fails
-    (``readout.check_problems`` less the known limits ``readout.enforced`` sets apart, listed
-    as ``limits``), ``ok``: none. ``hf_model``: the target's models (default:
+    (``readout.check_problems``), ``ok``: none. ``hf_model``: the target's models (default:
     built on demand, ``target.hf_model``)."""
     from .targets import readout
 
@@ -185,10 +184,9 @@ def target_check(target, protocol: Protocol, seed: int, hf_model: Optional[Calla
     if problems is None:  # a check of the first design: bf16 and the size only
         problems = ([] if row["bf16_equal"] == n else [f"bf16 = float32 on {row['bf16_equal']}/{n} requests"])
         problems += [f"{target.LABEL} {w} changes only {v}/{n} outputs" for w, v in sorted(changed.items()) if not 2 * v > n]
-    problems, limits = readout.enforced(list(problems))
     return {"of": n, "bf16_equal": row["bf16_equal"], "min_margin": row["min_margin"], "changed": changed,
             "slot_changed": row.get("slot_changed"), "full_changed": row.get("full_changed"),
-            "problems": problems, "limits": limits, "ok": not problems}
+            "problems": list(problems), "ok": not problems}
 
 
 def reference(target, seeds: list, protocol: Protocol, model=None) -> list:
@@ -566,8 +564,7 @@ def _check_line(t, chk: dict) -> str:
     if chk.get("full_changed") is not None:
         parts.append(f"full layers in a wrong index space change {chk['full_changed']}/{of}")
     failed = "" if chk["ok"] else "  TARGET CHECK FAILED: " + "; ".join(chk.get("problems") or ["see above"])
-    limits = "".join(f"  (limit, not enforced yet: {x})" for x in chk.get("limits") or ())
-    return head + ", ".join(parts) + failed + limits
+    return head + ", ".join(parts) + failed
 
 
 def _stock_twin(p: rows.Planned) -> rows.Planned:

@@ -18,7 +18,7 @@ global layers), the key whose token id is the one the first layer read. Token t 
 wrong read of any of them at any step, a window off by one, a wrong slot read as the oldest key
 or as the previous token, or a full layer reading another request's keys, changes the token
 there unless both classes share the component (1 in 16, about 1 in 7 for C), and with it the rest of
-the output (``check``); the smallest relative logit margin is a third. Every query head copies
+the output (``check``); the smallest relative logit margin is about a third. Every query head copies
 its own slice of the code: every tensor-parallel rank's heads decide (head counts 8 or 16).
 The EAGLE3 draft (``design_draft``) gives the target's token at its first step (A from a
 lookahead read by half of layer 0's heads) and B and C at the next ones, guessing A there.

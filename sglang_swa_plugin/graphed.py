@@ -38,7 +38,10 @@ class Entry:
 
 
 def signature(tensors: Sequence) -> tuple:
-    return tuple((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in tensors)
+    """The inputs as the graph reads them: address, shape, strides and dtype of each. ``t.shape``
+    as it is (a torch.Size, itself a tuple): copying it into a tuple doubled the check's cost,
+    which runs before every replay."""
+    return tuple((t.data_ptr(), t.shape, t.stride(), t.dtype) for t in tensors)
 
 
 def capturing() -> bool:

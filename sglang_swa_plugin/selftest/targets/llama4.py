@@ -9,7 +9,7 @@ global NoPE, as sglang's Llama 4 fixes it), the every-layer design of ``readout`
 layer 0 attends the OLDEST key its chunk allows (its chunk's first token: vote A) and copies
 that token's id bits; layer 3 (global, no RoPE: it can only read by content) attends the key
 whose id bits are those (the same token: vote C, a component of its own, which a global layer
-reading another request's keys changes); layers 1 and 2 the previous token (B, half each). 8
+reading another request's keys changes); layers 1 and 2 the previous token (B, one vote between them). 8
 query heads, 8 KV heads. A chunk size changed by one changes most requests.
 
 Draft (``LlamaForCausalLMEagle3``, one layer, Llama's neox RoPE; readout.design_draft): its
@@ -32,7 +32,6 @@ from .readout import H, HD, THETA, V, greedy, prompts  # noqa: F401 (greedy, pro
 
 NH, NKV, FF, L = 8, 8, 512, 4
 CHUNK = 32
-B_DELTA = 1
 # (vote, read) per layer (readout.design_layer): chunked x 3 with RoPE, global NoPE
 LAYERS = (("A", "ramp"), ("B", "peak"), ("B", "peak"), ("C", "lookup"))
 

@@ -307,9 +307,7 @@ def _layer(sd: dict, p: str, x, window, nkv: int, sink: bool, kv_hook=None, cach
     k, v = readout.extend(cache, k, v)
     k, v = k.repeat_interleave(NH // nkv, 1), v.repeat_interleave(NH // nkv, 1)
     s = q @ k.transpose(2, 3) / math.sqrt(HEAD_DIM)
-    d = torch.arange(start, start + t)[:, None] - torch.arange(start + t)[None, :]
-    allowed = (d >= 0) & (d < window) if window else d >= 0
-    s = s.masked_fill(~allowed, float("-inf"))
+    s = s.masked_fill(~readout.window_mask(start, t, window), float("-inf"))
     if sink:
         s = torch.cat([s, sd[p + "self_attn.sinks"].view(1, NH, 1, 1).expand(b, NH, t, 1)], -1)
     prob = s.softmax(-1)[..., :start + t]

@@ -376,6 +376,15 @@ def extend(cache, k, v) -> tuple:
     return k, v
 
 
+def window_mask(start: int, t: int, window, device=None):
+    """[t, start + t] bool: which keys the queries at positions start .. start + t - 1 may read
+    (the cached ones first): causal, the last ``window`` keys (None: all)."""
+    import torch
+
+    d = torch.arange(start, start + t, device=device)[:, None] - torch.arange(start + t, device=device)[None, :]
+    return (d >= 0) & (d < window) if window else d >= 0
+
+
 def takes_cache(model) -> bool:
     """The model's forward takes transformers' KV cache arguments."""
     import inspect

@@ -9,8 +9,8 @@ multi-layer EAGLE, each step fed the previous step's hidden states).
     python -m sglang_swa_plugin.selftest.targets.step3p5 [--seeds 1,2,3]      # checks (CPU)
 
 The every-layer design of ``readout`` (LAYERS, as ``mimo_v2``'s): layer 0 (sliding) attends
-the OLDEST key its window lets it see (vote A: the window's exact size decides half of the
-next tokens); layer 2 (sliding) the previous token (B); layers 1 and 3 (full) the first token
+the OLDEST key its window lets it see (vote A: the window's exact size decides every
+next token); layer 2 (sliding) the previous token (B); layers 1 and 3 (full) the first token
 (C, one vote between them); 16 query heads and 8 KV heads, every head writing its own slice of the code;
 every MLP's down projection is zero. transformers' Step3p7 keeps the keys at distance
 0 .. sliding_window - 1 (window keys).
@@ -365,9 +365,8 @@ def _layer(sd: dict, p: str, x, window, kv_hook=None, index: int = 0, cache=None
     k, v = readout.extend(cache, k, v.transpose(1, 2))
     k, v = k.repeat_interleave(NH // NKV, 1), v.repeat_interleave(NH // NKV, 1)
     s = q.float() @ k.float().transpose(2, 3) / math.sqrt(HEAD_DIM)  # float32 scores (bf16 too: docstring)
-    d = torch.arange(start, start + t, device=x.device)[:, None] - torch.arange(start + t, device=x.device)[None, :]
-    allowed = (d >= 0) & (d < window) if window else d >= 0
-    o = (s.masked_fill(~allowed, float("-inf")).softmax(-1).to(v.dtype) @ v).transpose(1, 2)  # [B, T, NH, HEAD_DIM]
+    s = s.masked_fill(~readout.window_mask(start, t, window, x.device), float("-inf"))
+    o = (s.softmax(-1).to(v.dtype) @ v).transpose(1, 2)  # [B, T, NH, HEAD_DIM]
     o = o * (a @ sd[p + "self_attn.g_proj.weight"].T).sigmoid()[..., None]
     x = x + o.reshape(b, t, NH * HEAD_DIM) @ sd[p + "self_attn.o_proj.weight"].T
     m = _rms(x, sd[p + "post_attention_layernorm.weight"])

@@ -24,7 +24,9 @@ release to compare: ``nox -s "bench(0.5.11)"`` (with 0.5.12 / 0.5.23 for upstrea
 The table ends with one row per fix not timed here: its verdict, its hooks on calls made before
 a replay (the ones a row here would time) and whether the GPU bench times it.
 
-    python tests/benchmarks/bench_host_cost.py [--rows a,b] [--rounds 300] [--block 20]
+    python tests/benchmarks/bench_host_cost.py [--rows a,b] [--rounds 300] [--block 20] [--ops]
+
+``--ops``: after the table, each row's torch operations per side, in order (``launch``: a kernel).
 """
 
 from __future__ import annotations
@@ -288,8 +290,9 @@ ROWS = {  # key: (fix, step, build(bs) -> SimpleNamespace(refresh, fixes))
 # ----------------------------------------------------------------------------- timing
 
 
-def ops_and_syncs(fn) -> "tuple[int, int]":
-    """Torch operations (a kernel stand-in's: one) and host-device syncs in one call of ``fn``."""
+def ops_and_syncs(fn) -> "tuple[int, int, list]":
+    """Torch operations (a kernel stand-in's: one), host-device syncs and the operations' names
+    (a stand-in's: ``launch``) in one call of ``fn``."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     seen = []
@@ -303,7 +306,9 @@ def ops_and_syncs(fn) -> "tuple[int, int]":
     calls = LAUNCHES["calls"]
     with Count():
         fn()
-    return len(seen) + LAUNCHES["calls"] - calls, sum(1 for s in seen if s in ("aten::_local_scalar_dense", "aten::item"))
+    launched = LAUNCHES["calls"] - calls
+    syncs = sum(1 for s in seen if s in ("aten::_local_scalar_dense", "aten::item"))
+    return len(seen) + launched, syncs, [s.removeprefix("aten::") for s in seen] + ["launch"] * launched
 
 
 def timed(fn, n: int) -> list:
@@ -363,6 +368,7 @@ def measure(pair, rounds: int, block: int, fixed_side: bool) -> dict:
     out = {f"{k}_us": statistics.median(v) for k, v in sides.items()}
     out.update({f"{k}_ops": counts[k][0] for k in sides})
     out.update({f"{k}_syncs": counts[k][1] for k in sides})
+    out.update({f"{k}_op_names": counts[k][2] for k in sides})
     return out
 
 
@@ -370,7 +376,7 @@ def run_row(key: str, bs: int, rounds: int, block: int) -> dict:
     from sglang_swa_plugin.fix import Verdict
 
     fix_name, step, build = ROWS[key]
-    res = {"fix": fix_name, "step": step, "bs": bs}
+    res = {"key": key, "fix": fix_name, "step": step, "bs": bs}
     det = gpu.hook(fix_name).FIX.detect()
     needed = det.verdict is Verdict.NEEDED
     if not needed:
@@ -445,6 +451,7 @@ def main() -> None:
     ap.add_argument("--rows", default=",".join(ROWS), help="comma list of row keys (default: all)")
     ap.add_argument("--rounds", type=int, default=300, help="timed calls per side (>= 200)")
     ap.add_argument("--block", type=int, default=20, help="calls per side before the other side's turn")
+    ap.add_argument("--ops", action="store_true", help="after the table, each row's operations per side, in order")
     a = ap.parse_args()
     if a.rounds < 200:
         ap.error("at least 200 rounds per side")
@@ -459,6 +466,11 @@ def main() -> None:
     print(f"sglang {importlib.metadata.version('sglang')}: host-side work before each CUDA-graph replay, CPU, "
           f"median of {a.rounds} calls per side, interleaved in blocks of {a.block} ({time.time() - t0:.0f} s)")
     print(table(rows + untimed_rows()))
+    if a.ops:
+        for r in rows:
+            for name in ("stock", "fixed", "graphed"):
+                if f"{name}_op_names" in r:
+                    print(f"ops {r['key']} batch {r['bs']} {name}: {' '.join(r[f'{name}_op_names'])}")
 
 
 if __name__ == "__main__":

@@ -52,7 +52,8 @@ gpu.capture = lambda forward: None  # nothing is captured: only the refresh befo
 BATCHES = gpu.BATCHES
 
 
-LAUNCHES = {"ns": 0, "calls": 0, "inside": False}  # the kernel stand-ins' own time and calls
+# the kernel stand-ins' own time and calls; "seen": where ``ops_and_syncs`` lists each launch in order
+LAUNCHES = {"ns": 0, "calls": 0, "inside": False, "seen": None}
 
 
 def launch(run):
@@ -69,6 +70,8 @@ def launch(run):
             LAUNCHES["inside"] = False
             LAUNCHES["ns"] += time.perf_counter_ns() - t0
             LAUNCHES["calls"] += 1
+            if LAUNCHES["seen"] is not None:
+                LAUNCHES["seen"].append("launch")
     return launched
 
 
@@ -303,12 +306,14 @@ def ops_and_syncs(fn) -> "tuple[int, int, list]":
                 seen.append(func._schema.name)
             return func(*args, **(kwargs or {}))
 
-    calls = LAUNCHES["calls"]
-    with Count():
-        fn()
-    launched = LAUNCHES["calls"] - calls
+    LAUNCHES["seen"] = seen
+    try:
+        with Count():
+            fn()
+    finally:
+        LAUNCHES["seen"] = None
     syncs = sum(1 for s in seen if s in ("aten::_local_scalar_dense", "aten::item"))
-    return len(seen) + launched, syncs, [s.removeprefix("aten::") for s in seen] + ["launch"] * launched
+    return len(seen), syncs, [s.removeprefix("aten::") for s in seen]
 
 
 def timed(fn, n: int) -> list:

@@ -14,7 +14,7 @@ from sglang_swa_plugin.selftest.targets import readout
 # of 32): after a chunk boundary its previous-token reads pair up the generated tokens (the
 # chunk's first query has no previous key in its chunk), which hides a one-slot shift half the time.
 N, LENGTH, NEW, SEED = 4, 80, 40, 1
-HIGH = 2.0  # every draft accepts at least one draft token per step on average
+HIGH = 2.0  # every draft accepts at least one draft token per step on average (above acceptance.DRAFT_ACCEPTS)
 
 
 def _cases():

@@ -79,6 +79,22 @@ def test_a_speculative_row_without_verify_steps_or_expectation_fails():
     assert unknown[1] and unknown.kind == judging.NO_EXPECTED and unknown[0].startswith("NO EXPECTED ACCEPT")
 
 
+def test_a_speculative_row_whose_draft_accepts_next_to_nothing_fails():
+    """A row judged against an expectation of about 1.0 passes whatever its draft reads: the row
+    fails as the target's fault, even where the server matches the figure (the first GPU run of
+    GPT-OSS at 1.0169 against 1.0169: its draft was another target's, saved in the same place)."""
+    from sglang_swa_plugin.selftest import acceptance
+
+    assert judging.DRAFT_ACCEPTS == acceptance.DRAFT_ACCEPTS and 1 + judging.ACCEPT_TOLERANCE < judging.DRAFT_ACCEPTS
+    idle = verdict(served(accept=1.0169), speculative=True, expected=1.0169, needed=["x"])
+    assert idle[1] and idle.kind == judging.IDLE_DRAFT, idle
+    assert idle[0].startswith("IDLE DRAFT: the float32 target and draft expect 1.02 < 1.5 (server 1.02)"), idle
+    assert verdict(served(accept=1.5), speculative=True, expected=judging.DRAFT_ACCEPTS, needed=["x"]) == ("OK", False)
+    # a stock row shows it and does not fail for it
+    stock = verdict(served(accept=1.0, plugin_log=()), plugin=False, speculative=True, expected=1.0)
+    assert not stock[1] and "idle draft" in stock[0], stock
+
+
 def test_wrong_tokens_and_low_accept_are_both_said():
     wrong = [list(o) for o in REF]
     wrong[5][3] = 0

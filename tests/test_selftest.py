@@ -81,6 +81,17 @@ def test_a_window_blind_target_fails_its_check():
 
 
 @pytest.mark.targets
+def test_targets_saved_into_one_root_keep_their_own_directories(saved):
+    """The selftest saves every target into one root: a draft another target overwrites there
+    serves, and accepts next to nothing (GPT-OSS with Llama 4's EAGLE3 draft, on the GPU)."""
+    owners = {}
+    for name, pair in saved.items():
+        for path in {p for p in pair if p is not None}:
+            owners.setdefault(path, []).append(name)
+    assert len(saved) >= 2 and all(len(names) == 1 for names in owners.values()), owners
+
+
+@pytest.mark.targets
 @pytest.mark.parametrize("name", targets.NAMES)
 def test_a_saved_target_holds_the_weights_of_its_reference(name, saved):
     """What a server loads is what the float32 reference computes with (bf16-rounded), and the

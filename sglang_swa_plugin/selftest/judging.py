@@ -14,7 +14,8 @@ What a plugin row must show to pass, each rule a failure of its own (``verdict``
   the same statuses, each rank present (RANKS DISAGREE);
 - every request of every seed the model's tokens (WRONG TOKENS);
 - a speculative row: verify steps (NO SPECULATION), an expected accept length computed on
-  the CPU (NO EXPECTED ACCEPT) and the server's accept length no lower than that figure less
+  the CPU (NO EXPECTED ACCEPT) of at least ``DRAFT_ACCEPTS`` (IDLE DRAFT: a draft that accepts
+  next to nothing cannot show a reading error), and the server's accept length no lower than that figure less
   ``ACCEPT_TOLERANCE`` (LOW ACCEPT): a draft that reads the wrong keys only lowers
   acceptance, as the target verifies every token;
 - a row that repeats its requests to hit sglang's prefix cache: a cached prefix reused
@@ -34,7 +35,8 @@ from __future__ import annotations
 import re
 from typing import Iterable, NamedTuple, Optional
 
-from .acceptance import TOLERANCE as _ACCEPTANCE_TOLERANCE  # its module imports nothing heavy
+from .acceptance import DRAFT_ACCEPTS  # its module imports nothing heavy
+from .acceptance import TOLERANCE as _ACCEPTANCE_TOLERANCE
 
 SERVED = "served"
 REFUSED = "refused by sglang"
@@ -56,6 +58,7 @@ WRONG = "wrong tokens"
 LOW_ACCEPT = "low accept"
 NO_SPECULATION = "no speculation"
 NO_EXPECTED = "no expected accept"
+IDLE_DRAFT = "idle draft"
 NOT_LOADED = "plugin not loaded"
 FIX_NOT_APPLIED = "fix not applied"
 RANKS = "ranks disagree"
@@ -66,9 +69,9 @@ NOT_RUN = "not run"
 NOT_JUDGED = "not judged"
 STOCK = "stock"
 STOCK_WITH_PLUGIN = "plugin in a stock row"
-KINDS = (OK, WRONG, LOW_ACCEPT, NO_SPECULATION, NO_EXPECTED, NOT_LOADED, FIX_NOT_APPLIED, RANKS, NO_PREFIX_HIT,
+KINDS = (OK, WRONG, LOW_ACCEPT, NO_SPECULATION, NO_EXPECTED, IDLE_DRAFT, NOT_LOADED, FIX_NOT_APPLIED, RANKS, NO_PREFIX_HIT,
          DID_NOT_START, CRASHED, EXCUSED, REFUSED, NOT_RUN, NOT_JUDGED, STOCK, STOCK_WITH_PLUGIN)
-FAILING = frozenset({WRONG, LOW_ACCEPT, NO_SPECULATION, NO_EXPECTED, NOT_LOADED, FIX_NOT_APPLIED, RANKS,
+FAILING = frozenset({WRONG, LOW_ACCEPT, NO_SPECULATION, NO_EXPECTED, IDLE_DRAFT, NOT_LOADED, FIX_NOT_APPLIED, RANKS,
                      NO_PREFIX_HIT, DID_NOT_START, CRASHED, STOCK_WITH_PLUGIN})
 
 
@@ -298,6 +301,9 @@ def accept_problem(accept: Optional[float], expected: Optional[float]) -> Option
         return NO_SPECULATION, "NO SPECULATION: the responses count no verify step"
     if expected is None:
         return NO_EXPECTED, f"NO EXPECTED ACCEPT: no figure computed for this mode (server {accept:.2f})"
+    if expected < DRAFT_ACCEPTS:
+        return IDLE_DRAFT, (f"IDLE DRAFT: the float32 target and draft expect {expected:.2f} < {DRAFT_ACCEPTS} "
+                            f"(server {accept:.2f}): no reading error can show; the target is at fault")
     if accept < accept_floor(expected):
         return LOW_ACCEPT, f"LOW ACCEPT (server {accept:.2f} < expected {expected:.2f} - {ACCEPT_TOLERANCE:.2f})"
     return None

@@ -35,13 +35,17 @@ for step in "$@"; do
       if [ "$n" != 0 ] && [ "$have" = "$n" ] && [ ! -f $st/unpacked ]; then
         t0=$(date +%s)
         if ls $st/wheels.tar.part* > /dev/null 2>&1; then
-          mkdir -p $st/w && cat $st/wheels.tar.part* | tar -x -C $st/w && rm -f $st/wheels.tar.part* \
-            && ls $st/w/*.whl | xargs -P 16 -I{} python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" {} $SITE
+          # -i: parts appended later (another tar, e.g. wheels build-payloads skips) follow the first tar's end
+          mkdir -p $st/w && cat $st/wheels.tar.part* | tar -x -i -C $st/w && rm -f $st/wheels.tar.part* \
+            && ls $st/w/*.whl | xargs -P 16 -I{} python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" {} $SITE \
+            && find $SITE -path "*/bin/*" -type f -exec chmod +x {} +  # zipfile keeps no mode bits (triton's ptxas)
         elif command -v xz > /dev/null; then cat $st/site.tar.xz.part* | xz -dc -T0 | tar -x -C $SITE; else
           cat $st/site.tar.xz.part* | python3 -c "import sys,tarfile; tarfile.open(fileobj=sys.stdin.buffer, mode='r|xz').extractall(sys.argv[1])" $SITE; fi \
           && touch $st/unpacked && echo "payload unpacked into $SITE in $(( $(date +%s) - t0 )) s"
       fi
       [ -f $st/unpacked ] || { echo "have $have of $n parts"; exit 0; }
+      # unpacked from wheels: their .pth files, and no torchvision against the payload's own torch (see the file)
+      if [ -d $st/w ]; then cp tests/gpu/payload_sitecustomize.py $SITE/sitecustomize.py; fi
       python3 -m pip install -q --no-index --no-deps --upgrade --target $SITE .gpu-plugin/*.whl
       (cd /tmp && PYTHONPATH=$SITE python3 -c "import torch, sglang, sgl_kernel, flashinfer, triton; from importlib.metadata import version as v; print('$SITE: sglang', v('sglang'), 'sglang-kernel', v('sglang-kernel'), 'flashinfer', v('flashinfer-python'), 'torch', torch.__version__, 'triton', triton.__version__, 'plugin', v('sglang-swa-plugin'), torch.cuda.get_device_name())" 2>&1 | tail -3) ;;
     unpack12)  # a second release beside the first: .gpu-payload12/unpack.sh unpacks into /root/site12

@@ -99,7 +99,7 @@ def save(root: str, seed: int = 27) -> tuple:
     model = GptOssForCausalLM(config())
     model.load_state_dict(sd)
     model.to(torch.bfloat16).save_pretrained(target, safe_serialization=True)
-    return target, readout.save_draft(root, draft, FF, readout.DRAFT_HEADS, readout.DRAFT_HEADS)
+    return target, readout.save_draft(root, "gptoss", draft, FF, readout.DRAFT_HEADS, readout.DRAFT_HEADS)
 
 
 def hf_model(window: int = WINDOW, dtype=None, seed: int = 27, layers=LAYERS):

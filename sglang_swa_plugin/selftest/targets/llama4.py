@@ -104,7 +104,7 @@ def save(root: str, chunk: int = CHUNK, seed: int = 26) -> tuple:
         json.dump({}, f)
     bf = lambda t: t.to(torch.bfloat16).contiguous()
     save_file({"language_model." + k: bf(v) for k, v in w["target"].items()}, os.path.join(target, "model.safetensors"))
-    draft = readout.save_draft(root, w["draft"], FF, readout.DRAFT_HEADS, readout.DRAFT_HEADS)
+    draft = readout.save_draft(root, "llama4", w["draft"], FF, readout.DRAFT_HEADS, readout.DRAFT_HEADS)
     return target, draft
 
 

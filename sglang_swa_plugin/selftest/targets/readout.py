@@ -543,14 +543,16 @@ def eagle3_config(ff: int, nh: int, nkv: int) -> dict:
                 eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 2]})
 
 
-def save_draft(root: str, draft: dict, ff: int, nh: int, nkv: int) -> str:
+def save_draft(root: str, target: str, draft: dict, ff: int, nh: int, nkv: int) -> str:
+    """Writes ``target``'s EAGLE3 draft under ``root``, in a directory of its own: the selftest saves
+    every target into one root, and a draft another target overwrote accepts nothing."""
     import json
     import os
 
     import torch
     from safetensors.torch import save_file
 
-    path = os.path.join(root, "eagle3_draft")
+    path = os.path.join(root, f"{target}_eagle3_draft")
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(eagle3_config(ff, nh, nkv), f, indent=1)

@@ -4,9 +4,9 @@ Bug
     MiMo-V2.x and Step3.5 MTP drafts run their sliding layer on ``TritonAttnBackend``, whose
     draft-extend CUDA graphs, eager DRAFT_EXTEND and multi-step draft decode build no
     ``window_kv_indices``: a Triton compile error at capture, or foreign slots read. Fix, as
-    0.5.23: the last ``sliding_window_size`` keys of the full rail, in SWA space, built by
-    sglang's own window helper (draft extend) or gathered per step (draft decode); a preview
-    (triton_swa_draft_kernels) does each rail in one Triton kernel (GPU-checked, not yet served).
+    0.5.23: the last window keys of the full rail in SWA space, by sglang's window helper (draft
+    extend) or gathered per step (draft decode: as many as the target's decode, one more with
+    triton_swa_window); preview triton_swa_draft_kernels: one Triton kernel a rail (not served).
 Upstream PRs
     #29858, #24481, the Triton half of #22679.
 Affected versions
@@ -46,6 +46,8 @@ MULTI = MODULE + ".TritonMultiStepDraftBackend"
 MULTI_REPLAY = MULTI + ".init_forward_metadata_replay_cuda_graph"  # 0.5.10-0.5.12
 MULTI_OUT_GRAPH = MULTI + ".init_forward_metadata_out_graph"  # 0.5.13+
 HELPERS = frozenset({"update_sliding_window_buffer", "update_sliding_window_buffer_cuda_graph"})
+RAIL_BUILDER = MODULE + ".update_sliding_window_buffer"  # sglang's window rail builder
+WIDENED_BY = "triton_swa_window"  # the fix whose hook on RAIL_BUILDER makes triton's decode rails one key longer
 
 
 # ---------------------------------------------------------------------------- the fix
@@ -143,7 +145,7 @@ def _eager(original, self, forward_batch, *args, **kwargs):
     elif _draft_step(forward_batch.forward_mode, forward_batch.spec_info):
         import torch
         md.window_kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=md.kv_indptr.device)
-        md.window_kv_indices = torch.empty(bs * self.sliding_window_size, dtype=torch.int64,
+        md.window_kv_indices = torch.empty(bs * _rail_state(self)["keys"], dtype=torch.int64,
                                            device=md.kv_indptr.device)
         window_of_rail(self, md.kv_indptr, md.kv_indices, bs, md.window_kv_indptr, md.window_kv_indices)
     return result
@@ -185,13 +187,25 @@ def _mapping(self):
     return None
 
 
+def decode_keys(window: int) -> int:
+    """The keys a draft step's window rail keeps for a layer of ``window``: as many as triton's
+    decode rail of the target keeps, ``window + 1`` where ``triton_swa_window`` widens sglang's
+    rail builder (its hook is on it; the model and triton's extend attend that many, and the
+    draft's extend gave the first draft token from them), else ``window``."""
+    from sglang_swa_plugin.patching import target_marks
+
+    return window + 1 if WIDENED_BY in target_marks(RAIL_BUILDER) else window
+
+
 def _rail_state(self) -> dict:
     """What does not change on a backend between draft steps, looked up once: the pool's
-    full->SWA translation, its mapping and how many full-pool slots that covers."""
+    full->SWA translation, its mapping and how many full-pool slots that covers; the keys a
+    window rail keeps (``decode_keys``)."""
     rail = state.get(self, RAIL)
     if rail is None:
         mapping, translate = _mapping(self), _translator(self)
         rail = state.of(self)[RAIL] = {"translate": translate, "mapping": mapping, "slots": {},
+                                       "keys": decode_keys(self.sliding_window_size),
                                        "limit": mapping.shape[0] if mapping is not None else None,
                                        # the kernel translates through the mapping: where the pool does
                                        "kernel": KERNELS in FIX.previews_on and (translate is None) == (mapping is None)}
@@ -213,16 +227,15 @@ def _slots(state: dict, n: int, like, rows: "int | None" = None):
 
 def window_of_rail(self, kv_indptr, kv_indices, bs: int, out_indptr, out_indices) -> None:
     """A draft step's window rail from its full rail (``kv_indptr``/``kv_indices``: the
-    committed prefix and the step's draft tokens, per branch): the last
-    ``min(L, sliding_window_size)`` keys of each, in SWA space, packed at ``out_indptr``
+    committed prefix and the step's draft tokens, per branch): the last ``min(L, keys)`` keys
+    of each (``keys``: ``decode_keys``, as the target's decode rail), in SWA space, packed at ``out_indptr``
     (``window_rails`` of one step). On a GPU (or under Triton's interpreter) one kernel
     (``rail_kernel.window_of_rail_layout``) where the pool's translation is its mapping."""
     state = _rail_state(self)
     if state["kernel"] and kernel_lays_out(kv_indptr):
         from sglang_swa_plugin.rail_kernel import window_of_rail_layout
 
-        window_of_rail_layout(kv_indptr, kv_indices, state["mapping"], bs, self.sliding_window_size, out_indptr,
-                              out_indices)
+        window_of_rail_layout(kv_indptr, kv_indices, state["mapping"], bs, state["keys"], out_indptr, out_indices)
         return
     cum, ids = window_rails(self, kv_indptr[None], kv_indices[None], bs)
     out_indptr[1 : bs + 1] = cum[0]
@@ -232,7 +245,8 @@ def window_of_rail(self, kv_indptr, kv_indices, bs: int, out_indptr, out_indices
 def window_rails(self, kv_indptr, kv_indices, bs: int):
     """The window rails of ``S`` draft steps at once from their full rails (rows of
     ``kv_indptr``, ``S x (bs + 1)`` or wider, and ``kv_indices``, ``S x N``): per step the end
-    offsets of its window rail (``S x bs``) and its ids in SWA space (``S x bs * window``). Fixed
+    offsets of its window rail (``S x bs``) and its ids in SWA space (``S x bs * keys``, the keys a
+    rail keeps: ``decode_keys``). Fixed
     shapes, device ops only, as many whatever ``S``: capturable, no host-device sync.
 
     Every gather is kept in range: sglang's rail kernel derives ``kv_indptr`` from the batch's
@@ -246,7 +260,8 @@ def window_rails(self, kv_indptr, kv_indices, bs: int):
     entry ``kv_indptr[r + 1] - wl[r] + (s - (cum[r] - wl[r])) = (kv_indptr[r + 1] - cum[r]) + s``."""
     import torch
 
-    state, w = _rail_state(self), self.sliding_window_size
+    state = _rail_state(self)
+    w = state["keys"]
     ends = kv_indptr[:, 1 : bs + 1]
     cum = torch.cumsum(torch.clamp(ends - kv_indptr[:, :bs], min=0, max=w), 1)
     slot = _slots(state, bs * w, cum, cum.shape[0])
@@ -328,7 +343,7 @@ def _steps_plan(self, bs: int) -> dict:
         contiguous = rows == list(range(rows[0], rows[-1] + 1))
         indptr = self.kv_indptr[rows[0] : rows[-1] + 1] if contiguous else None
         indices = self.cuda_graph_kv_indices[rows[0] : rows[-1] + 1] if contiguous else None
-        width = bs * first.sliding_window_size
+        width = bs * _rail_state(first)["keys"]
         outs = [(b.window_kv_indptr[1 : bs + 1], b.cuda_graph_window_kv_indices[:width]) for _, b in steps]
 
         def refill():

@@ -6,7 +6,7 @@ Bug
     (transformers), fa3, flashinfer and triton's own extend kernel (``q - k <= window``) see
     one key more: triton's plain decode gives other tokens than the model (GPT-OSS, Gemma 4).
     Fix: the rail builders get ``sliding_window_size + 1`` (extend and verify mask the extra
-    prefix key: their output is unchanged); the CUDA-graph window buffer is sized for it.
+    prefix key: output unchanged), so do the CUDA-graph buffer and 0.5.23's draft-step rail.
 Upstream PRs
     #32087 (closed without merging); no upstream fix.
 Affected versions
@@ -32,6 +32,11 @@ NAME = "triton_swa_window"
 MODULE = "sglang.srt.layers.attention.triton_backend"
 BUILDERS = ("update_sliding_window_buffer", "update_sliding_window_buffer_cuda_graph")
 GRAPH_STATE = MODULE + ".TritonAttnBackend.init_cuda_graph_state"
+MULTI = "TritonMultiStepDraftBackend"
+# 0.5.23+: the draft steps' own window rail, sized by the multi-step backend's sliding_window_size
+# from its first buffer on (eager metadata, CUDA-graph state: every path starts with one of them)
+MULTI_ENTRIES = tuple(f"{MODULE}.{MULTI}.{m}" for m in ("init_forward_metadata", "init_cuda_graph_state"))
+WIDENED = "triton_swa_window.draft_rail"  # in a multi-step backend's state: its rail is widened
 PARAM = "sliding_window_size"
 _KEEPS_WINDOW = re.compile(r"torch\.minimum\(\s*\w+\s*,\s*torch\.tensor\(\s*sliding_window_size\s*\)")
 _KEEPS_WINDOW_PLUS_ONE = re.compile(r"sliding_window_size\s*\+\s*1")
@@ -54,6 +59,31 @@ def _graph_window_buffer(original, self, *args, **kwargs):
     if window is not None and window > 0 and buf is not None and buf.numel() < max_num_tokens * (window + 1):
         self.cuda_graph_window_kv_indices = buf.new_zeros(max_num_tokens * (window + 1))
     return result
+
+
+def _draft_rail_window(original, self, *args, **kwargs):
+    """Before sglang's multi-step draft backend first sizes or fills its draft steps' window rail
+    (0.5.23+; it took the layers' window at construction): that rail, its buffers and its slices
+    keep ``window + 1`` keys from then on, as the target's decode rail (a draft step is a decode;
+    MiMo-V2's MTP reads its window's oldest key). Once per backend."""
+    from sglang_swa_plugin import state
+
+    window = getattr(self, PARAM, None)
+    if (getattr(self, "window_rail", False) and window is not None and window > 0
+            and not state.get(self, WIDENED)):
+        setattr(self, PARAM, window + 1)
+        state.of(self)[WIDENED] = True
+    return original(self, *args, **kwargs)
+
+
+def _draft_builds_rail(mod) -> bool:
+    """The multi-step draft backend builds its steps' window rail from its own
+    ``sliding_window_size`` (0.5.23+; before, triton_swa_draft builds it)."""
+    multi = getattr(mod, MULTI, None)
+    init = own_function(multi, "__init__") if isinstance(multi, type) else None
+    template = own_function(multi, "common_template") if isinstance(multi, type) else None
+    return (init is not None and template is not None and f"self.{PARAM} =" in function_text(init)
+            and "window_kv_indices" in function_text(template) and "window_rail" in function_text(init))
 
 
 def _extend_kernel_module(backend_cls) -> "str | None":
@@ -85,6 +115,8 @@ def classify() -> Detection:
     if own_function(mod.TritonAttnBackend, "init_cuda_graph_state") is None:
         return Detection.unknown("TritonAttnBackend has no init_cuda_graph_state")
     plan = [around(f"{MODULE}.{name}", _wider_window) for name, fn in zip(BUILDERS, builders) if fn is not None]
+    if _draft_builds_rail(mod):
+        plan += [around(t, _draft_rail_window) for t in MULTI_ENTRIES]
     return Detection.needed("triton decode keeps sliding_window_size keys, the model and triton's extend one more",
                             *plan, around(GRAPH_STATE, _graph_window_buffer))
 
@@ -94,8 +126,9 @@ class TritonSwaWindowFix(Fix):
     summary = "triton sliding-window decode attends the window + 1 keys the model and triton's extend attend"
     upstream_prs = ("#32087",)
     # Every release has the first builder; its CUDA-graph twin (0.5.10-0.5.22) is hooked where it exists.
-    targets = tuple(f"{MODULE}.{name}" for name in BUILDERS) + (GRAPH_STATE,)
-    target_params = {GRAPH_STATE: ("self", "max_bs", "max_num_tokens")}
+    targets = tuple(f"{MODULE}.{name}" for name in BUILDERS) + (GRAPH_STATE,) + MULTI_ENTRIES
+    target_params = {GRAPH_STATE: ("self", "max_bs", "max_num_tokens"), MULTI_ENTRIES[0]: ("self", "forward_batch"),
+                     MULTI_ENTRIES[1]: ("self", "max_bs", "max_num_tokens")}
     check_module = "sglang_swa_plugin.check.triton_swa_window"
 
     def detect(self) -> Detection:

@@ -12,6 +12,7 @@ fix (0.5.10-0.5.22) the kernels get ``kv_indices=None`` (a Triton compile error 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from types import SimpleNamespace
 
@@ -24,6 +25,7 @@ from sglang_swa_plugin.check import triton_swa_draft as scen
 from sglang_swa_plugin.core import temporarily_installed
 from sglang_swa_plugin.fix import Verdict
 from sglang_swa_plugin.hooks import triton_swa_draft as tsd
+from sglang_swa_plugin.hooks import triton_swa_window as tsw
 
 from helpers import fixed_alone, methods_alone, sglang_release
 
@@ -46,12 +48,26 @@ def expected(path: str):
     return release >= (0, 5, 23)
 
 
+@contextlib.contextmanager
+def without_window_fix():
+    """sglang's window rail builders without triton_swa_window's wider rails (0.5.10: the start-up
+    hook installed every fix in this process): the scenario is this fix's alone, whose draft steps
+    keep ``window`` keys there (``tsd.decode_keys``)."""
+    module = importlib.import_module(tsd.MODULE)
+    with methods_alone(tsw.FIX, {module: [n for n in tsw.BUILDERS if n in module.__dict__]}):
+        yield
+
+
+@contextlib.contextmanager
 def sglang_alone():
-    return methods_alone(FIX, METHODS)
+    with without_window_fix(), methods_alone(FIX, METHODS):
+        yield
 
 
+@contextlib.contextmanager
 def fixed():
-    return fixed_alone(FIX, METHODS)
+    with without_window_fix(), fixed_alone(FIX, METHODS):
+        yield
 
 
 def seen(ctx) -> dict:
@@ -157,7 +173,13 @@ def test_window_of_rail_equals_a_per_request_reference():
     """The draft step's window gather (fixed shapes, the pool's translation and size looked up
     once per backend) on rails of 1 and many requests, shorter and longer than the window,
     empty, claiming keys past the ``kv_indices`` slice (a stale capture) and holding ids
-    outside the full pool (padded rows), twice on the same backend."""
+    outside the full pool (padded rows), twice on the same backend (``window`` keys: the
+    fix alone, ``without_window_fix``)."""
+    with without_window_fix():
+        _window_of_rail_cases()
+
+
+def _window_of_rail_cases():
     env = scen.build()
     be, size = env.backend, env.pool.full_to_swa_index_mapping.shape[0]
     ids = torch.cat([torch.cat(env.tokens).long(), torch.tensor([size + 5, -3, 0])])

@@ -32,6 +32,7 @@ import torch
 import sglang.srt.model_executor.model_runner  # noqa: F401  (0.5.10: the start-up hook)
 
 from sglang_swa_plugin.check import triton_bench as bench
+from sglang_swa_plugin.check.triton_swa_draft import draft_metadata
 from sglang_swa_plugin.core import temporarily_installed
 from sglang_swa_plugin.fix import Verdict
 from sglang_swa_plugin.hooks import swa_write_loc as wl
@@ -102,17 +103,6 @@ def _draft_batch(env, multi, prefixes):
     return fb
 
 
-def _metadata(multi, fb, phase: str) -> None:
-    if phase == "eager":
-        multi.init_forward_metadata(fb)
-    elif hasattr(multi, "init_forward_metadata_out_graph"):  # 0.5.13+
-        multi.init_forward_metadata_out_graph(fb, **({"in_capture": True} if phase == "capture" else {}))
-    elif phase == "capture":
-        multi.init_forward_metadata_capture_cuda_graph(fb)
-    else:
-        multi.init_forward_metadata_replay_cuda_graph(fb, fb.batch_size)
-
-
 def _steps(env, multi, fb, calls, captured=None) -> list:
     """Per draft-decode step, as ``draft_forward`` runs it: its slice of ``out_cache_loc``, the
     sliding layer's ``forward_decode`` writing marker keys; what the kernel read, where the keys landed."""
@@ -175,11 +165,11 @@ def _run(phase: str) -> tuple:
         if phase != "eager":
             multi.init_cuda_graph_state(4, 4)
             fb = _draft_batch(env, multi, PREFIXES)
-            _metadata(multi, fb, "capture")
+            draft_metadata(multi, fb, "capture")
             captured = [be.forward_metadata for be in multi.attn_backends]
         if phase != "capture":
             fb = _draft_batch(env, multi, prefixes)
-            _metadata(multi, fb, phase)
+            draft_metadata(multi, fb, phase)
         steps = _steps(env, multi, fb, calls, captured)
     return env, steps, prefixes, keys_of
 

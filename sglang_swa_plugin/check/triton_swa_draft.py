@@ -53,7 +53,7 @@ def _batch(env, mode, prefixes, extend):
                                      num_tokens_per_req=extend, attn_backend=env.backend)
 
 
-def judge(env, call: dict, rail_lens: list, offsets: bool = True) -> dict:
+def judge(env, call: dict, rail_lens: list, offsets: bool = True, window: int = WINDOW) -> dict:
     """Per request: the window keys the kernel got against the last ``min(L, window)`` keys of
     the full rail (``rail_lens``), translated to SWA space, and (extend) the window offset."""
     if "error" in call:
@@ -63,7 +63,7 @@ def judge(env, call: dict, rail_lens: list, offsets: bool = True) -> dict:
         return {"right": False, "why": "window_kv_indices=None"}
     per_req = []
     for b, (row, n) in enumerate(zip(env.rows, rail_lens)):
-        w = min(n, WINDOW)
+        w = min(n, window)
         want = env.tb.translate(env.pool, env.runner.req_to_token_pool.req_to_token[row, n - w:n].long()).tolist()
         got = indices[int(indptr[b]):int(indptr[b + 1])].tolist()
         off = int(offsets[b]) if offsets is not None else None
@@ -124,9 +124,15 @@ def graph(env) -> dict:
 
 
 def _judge_steps(env, steps: list, prefixes) -> dict:
-    """Per draft step ``s``: the window the kernel got against the last ``min(L, window)`` keys
-    of ``L = prefix + s + 1`` (the committed prefix and the step's draft tokens), SWA space."""
-    per_step = [judge(env, call, [p + s + 1 for p in prefixes], offsets=False) for s, call in enumerate(steps)]
+    """Per draft step ``s``: the window the kernel got against the last ``min(L, keys)`` keys of
+    ``L = prefix + s + 1`` (the committed prefix and the step's draft tokens), SWA space; ``keys``:
+    as many as the target's decode keeps in this process (``decode_keys``: one more where
+    ``triton_swa_window`` is installed)."""
+    from sglang_swa_plugin.hooks.triton_swa_draft import decode_keys
+
+    keys = decode_keys(WINDOW)
+    per_step = [judge(env, call, [p + s + 1 for p in prefixes], offsets=False, window=keys)
+                for s, call in enumerate(steps)]
     return {"right": all(x["right"] for x in per_step), "steps": per_step}
 
 
@@ -143,6 +149,19 @@ def _multi(env):
     return make_backend(env.runner, "TritonMultiStepDraftBackend", 1, NUM_STEPS)
 
 
+def draft_metadata(multi, fb, phase: str) -> None:
+    """Every draft step's metadata on the multi-step backend ``multi``, as sglang builds it in
+    ``phase``: "eager", "capture" (CUDA-graph capture) or "replay" (of batch ``fb``)."""
+    if phase == "eager":
+        multi.init_forward_metadata(fb)
+    elif hasattr(multi, "init_forward_metadata_out_graph"):  # 0.5.13+
+        multi.init_forward_metadata_out_graph(fb, **({"in_capture": True} if phase == "capture" else {}))
+    elif phase == "capture":
+        multi.init_forward_metadata_capture_cuda_graph(fb)
+    else:
+        multi.init_forward_metadata_replay_cuda_graph(fb, fb.batch_size)
+
+
 def stale_capture(env, advance: int = 4) -> dict:
     """Multi-step draft-decode CUDA-graph capture of a smaller batch after a larger one: the
     warm-up runs of the larger capture advanced the shared position buffer (each draft step
@@ -157,10 +176,7 @@ def stale_capture(env, advance: int = 4) -> dict:
             stack.enter_context(cpu_triton(be, calls))
         fb = _decode_batch(env, multi, PREFIXES[:2], advance)
         try:
-            if hasattr(multi, "init_forward_metadata_out_graph"):  # 0.5.13+
-                multi.init_forward_metadata_out_graph(fb, in_capture=True)
-            else:
-                multi.init_forward_metadata_capture_cuda_graph(fb)
+            draft_metadata(multi, fb, "capture")
         except (IndexError, RuntimeError) as e:
             return {"error": f"{type(e).__name__}: {e}"[:200]}
     return {"windows": [be.forward_metadata.window_kv_indices for be in multi.attn_backends]}
@@ -182,19 +198,14 @@ def multi_step(env) -> dict:
         for be in multi.attn_backends:
             stack.enter_context(cpu_triton(be, calls))
         fb = _decode_batch(env, multi, PREFIXES)
-        multi.init_forward_metadata(fb)
+        draft_metadata(multi, fb, "eager")
         out["decode_eager"] = _judge_steps(env, [layer_call(env, be, fb, calls) for be in multi.attn_backends],
                                            PREFIXES)
         multi.init_cuda_graph_state(4, 4)
         captured = []
         for phase, prefixes in (("decode_capture", PREFIXES), ("decode_replay", REPLAY_PREFIXES)):
             fb = _decode_batch(env, multi, prefixes)
-            if hasattr(multi, "init_forward_metadata_out_graph"):  # 0.5.13+
-                multi.init_forward_metadata_out_graph(fb, **({"in_capture": True} if phase == "decode_capture" else {}))
-            elif phase == "decode_capture":
-                multi.init_forward_metadata_capture_cuda_graph(fb)
-            else:
-                multi.init_forward_metadata_replay_cuda_graph(fb, fb.batch_size)
+            draft_metadata(multi, fb, phase.removeprefix("decode_"))
             if phase == "decode_capture":
                 captured = [be.forward_metadata for be in multi.attn_backends]
             steps = []

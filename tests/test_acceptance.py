@@ -77,6 +77,8 @@ def test_drafts_agree_and_a_wrong_key_lowers_the_expectation(built, name, mode):
     good = _expected(built, name, mode)
     assert good is not None and HIGH <= good <= spec.steps + 1, (name, mode, good)
     faults = ["shift"] + (["window-1", "window+1"] if spec.draft == "mtp" else [])
+    if spec.draft == "mtp" and spec.algorithm != "EAGLE":  # EAGLEWorker's draft decode (on a GPU: MiMo-V2
+        faults.append("decode-window-1")  # NEXTN on triton accepted 2.08 of 4.0 with it)
     for fault in faults:
         bad = _expected(built, name, mode, fault)
         assert bad < good - acceptance.TOLERANCE, (name, mode, fault, good, bad)
@@ -93,6 +95,10 @@ def test_not_computable_is_none(built):
     assert acceptance.expected_accept(t, rows.MODES["k1"], [], NEW, [], model=model, saved=saved) is None
     with pytest.raises(ValueError):
         acceptance.expected_accept(t, rows.MODES["k1"], ps, NEW, ref, fault="window-1", model=model, saved=saved)
+    mtp = next(n for n, m in CASES if m == "mtp")
+    t, model, saved, ps, ref = built(mtp)
+    with pytest.raises(ValueError):  # multi-layer EAGLE runs no draft decode
+        acceptance.expected_accept(t, rows.MODES["mtp"], ps, NEW, ref, fault="decode-window-1", model=model, saved=saved)
     mtp = next((n for n, m in CASES if rows.MODES[m].draft == "mtp"), None)
     if mtp is not None:
         t = targets.load(mtp)

@@ -51,9 +51,9 @@ import tempfile
 from types import ModuleType
 from typing import NamedTuple, Optional, Sequence
 
-FAULTS = ("shift", "window-1", "window+1")  # the draft-side reading errors ``fault`` emulates
+FAULTS = ("shift", "window-1", "window+1", "decode-window-1")  # the draft-side reading errors ``fault`` emulates
 # A row's accept length may fall this far below the expectation (bf16, the server's scheduling);
-# every fault above lowers the expectation of every selftest target and mode by more.
+# every fault above lowers the expectation of every selftest target and mode it applies to by more.
 TOLERANCE = 0.3
 # The least expectation a speculative row is judged on: a draft that accepts less (on average not
 # one draft token every other step) leaves too little for a reading error to lower, and the
@@ -79,7 +79,9 @@ def expected_accept(target_module: ModuleType, spec, prompts: Sequence[Sequence[
     ``fault`` (one of FAULTS; None: the draft as sglang should run it) makes the draft read
     wrong keys: "shift": every cached key but the query's own is read from the slot before;
     "window-1" / "window+1": the draft's sliding window one key narrower / wider (ValueError for
-    a draft without a window). ``model``: the target's float32 reference model if already built
+    a draft without a window); "decode-window-1": only its draft-decode steps read one key fewer
+    (its extend as it should: the first draft token of a round right; ValueError without a window
+    or a draft decode, i.e. multi-layer EAGLE). ``model``: the target's float32 reference model if already built
     (``hf_model(SIZE)``); ``saved``: the (target dir, draft dir) ``save`` wrote, else they are
     written to a temporary directory once per process."""
     from . import targets
@@ -119,8 +121,10 @@ def expected_accept(target_module: ModuleType, spec, prompts: Sequence[Sequence[
             embed, head = states.embed_and_head()
             own_head = w.get("lm_head.weight")
             drafts = [_Draft("eagle3", w, cfg, embed, own_head if own_head is not None else head, fault)]
-        if fault in ("window-1", "window+1") and drafts[0].window is None:
+        if fault in ("window-1", "window+1", "decode-window-1") and drafts[0].window is None:
             raise ValueError(f"the {spec.draft} draft has no sliding window: fault {fault!r} does not apply")
+        if fault == "decode-window-1" and (len(drafts) > 1 or spec.steps < 2):
+            raise ValueError(f"{spec.algorithm} here runs no draft decode: fault {fault!r} does not apply")
         tokens = verifies = 0
         for prompt, out in zip(prompts, reference_outputs):
             out = list(out)[:new_tokens]
@@ -321,7 +325,7 @@ class _Draft:
         half = torch.cat([-r[..., self.rot // 2:], r[..., :self.rot // 2]], -1)
         return torch.cat([r * cos + half * sin, rest], -1)
 
-    def step(self, tokens, hidden, pos, idx, cache: _Cache):
+    def step(self, tokens, hidden, pos, idx, cache: _Cache, decode: bool = False):
         import torch
 
         w, p, eps = self.w, self.p, self.eps
@@ -343,7 +347,7 @@ class _Draft:
         q, k = self._rope(q, pos), self._rope(k, pos)
         v = (a @ w[p + "self_attn.v_proj.weight"].T).view(n, self.nkv, self.vhd) * self.vscale
         cache = _Cache(torch.cat([cache.k, k]), torch.cat([cache.v, v]), torch.cat([cache.idx, idx]))
-        o = self._attend(q, idx, cache)
+        o = self._attend(q, idx, cache, decode)
         if p + "self_attn.g_proj.weight" in w:  # Step3.5: the head-wise sigmoid gate
             gate = (a @ w[p + "self_attn.g_proj.weight"].T).sigmoid()
             o = (o.view(n, self.nh, self.vhd) * gate[..., None]).reshape(n, self.nh * self.vhd)
@@ -356,11 +360,15 @@ class _Draft:
         normed = _rms(out, w["norm.weight" if self.kind == "eagle3" else "final_layernorm.weight"], eps)
         return normed @ self.head.T, out, normed, cache
 
-    def _attend(self, q, qidx, cache: _Cache):
+    def _attend(self, q, qidx, cache: _Cache, decode: bool = False):
         """Each query (cache index qidx) over the cache's keys at index <= its own (within the
-        window); ``fault`` "shift": the keys other than its own read from the slot before."""
+        window); ``fault`` "shift": the keys other than its own read from the slot before;
+        "decode-window-1": a draft-decode step's (``decode``) window one key narrower."""
         import torch
 
+        window = self.window
+        if window is not None and decode and self.fault == "decode-window-1":
+            window -= 1
         q = q.view(len(qidx), self.nkv, self.nh // self.nkv, self.hd)  # query heads by KV group
         k, v = cache.k, cache.v
         s = torch.einsum("qgjd,kgd->gjqk", q, k) / math.sqrt(self.hd)
@@ -369,7 +377,7 @@ class _Draft:
             ks, vs = torch.cat([k[:1], k[:-1]]), torch.cat([v[:1], v[:-1]])
             s = torch.where(own, s, torch.einsum("qgjd,kgd->gjqk", q, ks) / math.sqrt(self.hd))
         dist = qidx[:, None] - cache.idx[None, :]
-        allowed = (dist >= 0) & ((dist < self.window) if self.window is not None else True)
+        allowed = (dist >= 0) & ((dist < window) if window is not None else True)
         prob = s.masked_fill(~allowed, float("-inf")).softmax(-1)
         if self.fault == "shift":
             o = torch.einsum("gjqk,kgd->qgjd", prob * own, v) + torch.einsum("gjqk,kgd->qgjd", prob * ~own, vs)
@@ -461,7 +469,7 @@ def _eagle(draft: _Draft, seq: list, plen: int, n_out: int, hidden, spec) -> int
                 # RoPE position seq_len + 1 + i, cache index seq_len + i: the branch's slot i, read
                 # with the branch's earlier slots of the round (by slot, not by lineage)
                 lg, o, nm, both = draft.step([int(ids[b])], hiddens[b][None], [s + 1 + i], [s + i],
-                                             _Cache(*(torch.cat([c, d]) for c, d in zip(cache, slots[b]))))
+                                             _Cache(*(torch.cat([c, d]) for c, d in zip(cache, slots[b]))), decode=True)
                 slots[b] = _Cache(*(t[len(cache.idx):] for t in both))
                 outs_l.append(lg)
                 outs_h.append(o if draft.kind == "eagle3" else nm)

@@ -85,10 +85,11 @@ def build():
                            swa_layer=draft_layer(runner), torch=torch)
 
 
-def judge(env, call: dict, rail_lens: list, offsets: bool = True) -> dict:
+def judge(env, call: dict, rail_lens: list, offsets: bool = True, window: int = WINDOW) -> dict:
     """Per request of ``L`` keys (``rail_lens``): the ``k`` window keys the kernel got are the last
     ``k`` of its ``req_to_token`` row as they are (the draft pool's ids), ``k`` is ``min(L, window)``
-    or ``min(L, window + 1)``, and (extend) the window offset is ``L - k``. ``spaces``: per request,
+    or ``min(L, WINDOW + 1)`` (``window``: the keys ``triton_swa_draft``'s scenario wants of a draft
+    step, ``WINDOW`` or one more), and (extend) the window offset is ``L - k``. ``spaces``: per request,
     "draft" (right), "target" (the ids through the target's full->SWA mapping) or "other"."""
     if "error" in call:
         return {"right": False, "why": call["error"]}
@@ -100,7 +101,7 @@ def judge(env, call: dict, rail_lens: list, offsets: bool = True) -> dict:
         got = indices[int(indptr[b]):int(indptr[b + 1])].long()
         k = got.shape[0]
         own = env.runner.req_to_token_pool.req_to_token[row, n - k:n].long()
-        fits = k in (min(n, WINDOW), min(n, WINDOW + 1)) and (not offsets or int(starts[b]) == n - k)
+        fits = k in (min(n, window), min(n, WINDOW + 1)) and (not offsets or int(starts[b]) == n - k)
         space = ("draft" if got.tolist() == own.tolist() else
                  "target" if got.tolist() == env.tb.translate(env.allocator, own).tolist() else "other")
         spaces.append(space if fits else f"{space}, {k} keys")

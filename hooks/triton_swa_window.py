@@ -33,10 +33,7 @@ MODULE = "sglang.srt.layers.attention.triton_backend"
 BUILDERS = ("update_sliding_window_buffer", "update_sliding_window_buffer_cuda_graph")
 GRAPH_STATE = MODULE + ".TritonAttnBackend.init_cuda_graph_state"
 MULTI = "TritonMultiStepDraftBackend"
-# 0.5.23+: the draft steps' own window rail, sized by the multi-step backend's sliding_window_size
-# from its first buffer on (eager metadata, CUDA-graph state: every path starts with one of them)
-MULTI_ENTRIES = tuple(f"{MODULE}.{MULTI}.{m}" for m in ("init_forward_metadata", "init_cuda_graph_state"))
-WIDENED = "triton_swa_window.draft_rail"  # in a multi-step backend's state: its rail is widened
+MULTI_INIT = f"{MODULE}.{MULTI}.__init__"  # 0.5.23+: it takes the window its steps' own rail keeps
 PARAM = "sliding_window_size"
 _KEEPS_WINDOW = re.compile(r"torch\.minimum\(\s*\w+\s*,\s*torch\.tensor\(\s*sliding_window_size\s*\)")
 _KEEPS_WINDOW_PLUS_ONE = re.compile(r"sliding_window_size\s*\+\s*1")
@@ -62,18 +59,14 @@ def _graph_window_buffer(original, self, *args, **kwargs):
 
 
 def _draft_rail_window(original, self, *args, **kwargs):
-    """Before sglang's multi-step draft backend first sizes or fills its draft steps' window rail
-    (0.5.23+; it took the layers' window at construction): that rail, its buffers and its slices
-    keep ``window + 1`` keys from then on, as the target's decode rail (a draft step is a decode;
-    MiMo-V2's MTP reads its window's oldest key). Once per backend."""
-    from sglang_swa_plugin import state
-
-    window = getattr(self, PARAM, None)
-    if (getattr(self, "window_rail", False) and window is not None and window > 0
-            and not state.get(self, WIDENED)):
-        setattr(self, PARAM, window + 1)
-        state.of(self)[WIDENED] = True
-    return original(self, *args, **kwargs)
+    """Around sglang's multi-step draft backend's construction (0.5.23+): the window its draft
+    steps' own rail keeps, one key more, as the target's decode rail (a draft step is a decode;
+    MiMo-V2's MTP reads its window's oldest key). Its rail buffers are sized from it later, at
+    the first metadata or CUDA-graph state; nothing runs per step."""
+    result = original(self, *args, **kwargs)
+    if self.window_rail:
+        setattr(self, PARAM, getattr(self, PARAM) + 1)
+    return result
 
 
 def _draft_builds_rail(mod) -> bool:
@@ -116,7 +109,7 @@ def classify() -> Detection:
         return Detection.unknown("TritonAttnBackend has no init_cuda_graph_state")
     plan = [around(f"{MODULE}.{name}", _wider_window) for name, fn in zip(BUILDERS, builders) if fn is not None]
     if _draft_builds_rail(mod):
-        plan += [around(t, _draft_rail_window) for t in MULTI_ENTRIES]
+        plan.append(around(MULTI_INIT, _draft_rail_window))
     return Detection.needed("triton decode keeps sliding_window_size keys, the model and triton's extend one more",
                             *plan, around(GRAPH_STATE, _graph_window_buffer))
 
@@ -126,9 +119,9 @@ class TritonSwaWindowFix(Fix):
     summary = "triton sliding-window decode attends the window + 1 keys the model and triton's extend attend"
     upstream_prs = ("#32087",)
     # Every release has the first builder; its CUDA-graph twin (0.5.10-0.5.22) is hooked where it exists.
-    targets = tuple(f"{MODULE}.{name}" for name in BUILDERS) + (GRAPH_STATE,) + MULTI_ENTRIES
-    target_params = {GRAPH_STATE: ("self", "max_bs", "max_num_tokens"), MULTI_ENTRIES[0]: ("self", "forward_batch"),
-                     MULTI_ENTRIES[1]: ("self", "max_bs", "max_num_tokens")}
+    targets = tuple(f"{MODULE}.{name}" for name in BUILDERS) + (GRAPH_STATE, MULTI_INIT)
+    target_params = {GRAPH_STATE: ("self", "max_bs", "max_num_tokens"), MULTI_INIT: ("self", "model_runner")}
+    wraps = ("triton_one_pool_window",)  # the multi-step backend's construction: the window it reads, then one more
     check_module = "sglang_swa_plugin.check.triton_swa_window"
 
     def detect(self) -> Detection:

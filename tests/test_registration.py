@@ -17,6 +17,7 @@ FA3 = "sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend.
 FLASHINFER = "sglang.srt.layers.attention.flashinfer_backend.FlashInferIndicesUpdaterPrefill."
 TRITON = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend."
 TRTLLM = "sglang.srt.layers.attention.trtllm_mha_backend.TRTLLMHAAttnBackend."
+TRITON_MULTI = "sglang.srt.layers.attention.triton_backend.TritonMultiStepDraftBackend."
 
 # Every target that more than one built-in fix hooks, and the order their hooks go in (the
 # first is innermost: each later hook's ``original`` is the one before it).
@@ -30,6 +31,7 @@ NESTING = {
     FLASHINFER + "update_sliding_window": ["flashinfer_swa_verify", "flashinfer_swa_prefill"],
     TRITON + "__init__": ["triton_one_pool_window", "triton_local_attn"],
     TRITON + "forward_decode": ["swa_write_loc", "triton_local_attn"],
+    TRITON_MULTI + "__init__": ["triton_one_pool_window", "triton_swa_window"],
     TRITON + "forward_extend": ["triton_local_attn", "triton_swa_tree_verify"],
     TRTLLM + "__init__": ["trtllm_swa_pool", "trtllm_local_attn"],
     TRTLLM + "forward_decode": ["trtllm_xqa_dense_query", "trtllm_local_attn"],

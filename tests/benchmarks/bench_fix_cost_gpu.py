@@ -12,6 +12,9 @@ CUDA graphs on, and timed against a reference path that is right by construction
   upstream the release's own verify planning with only the crash repaired (flashinfer: what
            0.5.14+ do);
   fa3      the path upstream supports for the same step (XQA verify: fa3 verify, same pool kind).
+On a release where upstream has the fix (detection NOT_NEEDED) a row times stock's own step on
+both sides ("upstream (stock, fix not needed)"): upstream's fixed form, beside the fixed step of
+a release that needs the fix (same GPU, same shapes).
 A step is the replay-time metadata refresh (sglang's, plus the fix's hooks) and the graph
 replay, timed with CUDA events over blocks of PER_BLOCK steps, reference and fixed blocks
 alternating (ABAB) in one process; medians per step over BLOCKS * PER_BLOCK >= 200 steps.
@@ -914,9 +917,14 @@ def child(key: str, blocks: int, per_block: int) -> None:
     for bs in BATCHES:
         res = {"key": key, "fix": spec.fix, "step": spec.step, "bs": bs}
         try:
-            if found.verdict is not Verdict.NEEDED:  # the fix installs nothing: both sides would be one code
+            if found.verdict is Verdict.NOT_NEEDED:
+                # the fix installs nothing: both sides are stock's own step, upstream's fixed form
+                # of it here, timed for the side-by-side with a release that needs the fix
+                res.update(measure(spec.build(bs), blocks, per_block), ref="upstream (stock, fix not needed)")
+            elif found.verdict is not Verdict.NEEDED:
                 raise RuntimeError(f"not measured: {found.verdict.name.lower()} on this sglang ({found.reason[:150]})")
-            res.update(measure(spec.build(bs), blocks, per_block))
+            else:
+                res.update(measure(spec.build(bs), blocks, per_block))
         except Exception as e:  # noqa: BLE001 - the row says why; the other batch goes on
             res["error"] = f"{type(e).__name__}: {e}"[:300]
             import traceback

@@ -7,7 +7,7 @@
 # Steps: unpack | unpack12 | release | smoke | trtllm_eagle_accept | xqa_verify | fa3_seq | fa3_eagle3 | fa3_control | cost | fp8 | fp8w |
 #        guard_kernel | guard_server | gpu_tests | bench_decode | bench_fix_step | graph_kernel | bench_xqa | servers | fi7 | pack |
 #        llama4 | llama4_eagle | llama4_tree | llama4_tree_wide | llama4_exact | gptoss_exact | gemma4_exact | fi_kernel | bench_fi | fi_verify | triton_mtp |
-#        bench_fix_cost | throughput | selftest | bg_selftest | wait_bg
+#        bench_fix_cost | throughput | throughput_rows | selftest | bg_selftest | wait_bg
 # servers: SCENARIOS="xqa_verify trtllm_eagle_accept ..." PARALLEL=N (side by side on the GPU); SITE: another unpacked release
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -47,6 +47,10 @@ for step in "$@"; do
       # unpacked from wheels: their .pth files, and no torchvision against the payload's own torch (see the file)
       if [ -d $st/w ]; then cp tests/gpu/payload_sitecustomize.py $SITE/sitecustomize.py; fi
       python3 -m pip install -q --no-index --no-deps --upgrade --target $SITE .gpu-plugin/*.whl
+      # PAYLOAD/extra: wheels build-payloads leaves out that the release imports where the selftest runs
+      # (0.5.17: sgl-deep-gemm; 0.5.23: sgl-flash-mla, imported by the EAGLE draft's CUDA-graph capture);
+      # carried with the last part's call (installed once all parts are staged)
+      ls $PAYLOAD/extra/*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --upgrade --target $SITE $PAYLOAD/extra/*.whl
       (cd /tmp && PYTHONPATH=$SITE python3 -c "import torch, sglang, sgl_kernel, flashinfer, triton; from importlib.metadata import version as v; print('$SITE: sglang', v('sglang'), 'sglang-kernel', v('sglang-kernel'), 'flashinfer', v('flashinfer-python'), 'torch', torch.__version__, 'triton', triton.__version__, 'plugin', v('sglang-swa-plugin'), torch.cuda.get_device_name())" 2>&1 | tail -3) ;;
     unpack12)  # a second release beside the first: .gpu-payload12/unpack.sh unpacks into /root/site12
       bash .gpu-payload12/unpack.sh .gpu-payload12 true
@@ -144,6 +148,11 @@ for step in "$@"; do
                  # 64 concurrent greedy requests, TP_ROUNDS alternating rounds each; $OUT/throughput.json
       MEM_FRACTION=${MEM_FRACTION:-0.85} START_TIMEOUT=${START_TIMEOUT:-300} PYTHONPATH=${SITE:-/root/site} timeout ${STEP_TIMEOUT:-470} \
         python3 tests/gpu/e2e_server.py throughput --out "$OUT" 2>&1 | grep -E "^(row|fa3|trtllm)|THROUGHPUT|Error" | cut -c1-3000 ;;
+    throughput_rows)  # issue #48 item 3: TP_ROWS (target/backend/mode, comma list) with the plugin and stock, warm, rounds
+                      # alternating (TP_ARGS: more options of tests/gpu/throughput_rows.py); SITE: another unpacked release
+      repo=$(pwd); (cd /tmp && PYTHONPATH=${SITE:-/root/site} timeout ${STEP_TIMEOUT:-470} python3 "$repo/tests/gpu/throughput_rows.py" \
+        --rows "${TP_ROWS:?TP_ROWS=target/backend/mode,...}" ${TP_ARGS:-} --out "$OUT/tp_$(basename ${SITE:-site})" 2>&1 \
+        | grep -E "^(sglang|row|[a-z0-9_]+/)|THROUGHPUT_ROWS|Error" | cut -c1-3000) ;;
     selftest)  # issue #27 item 7: the user's command on this GPU (SELFTEST_ARGS; SITE: another unpacked release); $OUT/selftest.json, the
                # progress and target checks in $OUT/selftest.txt, the servers' logs in $OUT/selftest_logs
       st=/tmp/selftest_$(date +%H%M%S)

@@ -89,7 +89,10 @@ TEST_ENV = {
 # pytest spread over the machine's cores (pytest-xdist), a test file per worker at a time (its
 # module-scoped fixtures run once): nearly all the time is subprocesses importing sglang, one
 # core each. ``-- -n 0`` after these runs the tests in one process (the last -n counts).
-PYTEST_WORKERS = ["-n", str(min(os.cpu_count() or 1, 4)), "--dist", "loadfile"]
+# --no-loadscope-reorder: the files go out in the order tests/conftest.py gives them (the
+# costliest first, tests/xdist_costs.json), not by their number of tests (a long file of a
+# few slow tests last kept one worker busy while the others had nothing left to run).
+PYTEST_WORKERS = ["-n", str(min(os.cpu_count() or 1, 4)), "--dist", "loadfile", "--no-loadscope-reorder"]
 # A worker per core: one torch (OpenMP) thread each, none spinning against the other worker
 # (two Triton-interpreted test files: 80.3 CPU s with the default threads, 76.4 s with one).
 PYTEST_ENV = {**TEST_ENV, "OMP_NUM_THREADS": "1"}

@@ -84,6 +84,32 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.line(f'    "{expected_skips.base(nodeid)}": "{spec + ", " if spec else ""}{where}",')
 
 
+# pytest-xdist's --dist loadfile hands out whole files, by default the files with the most
+# tests first: a file of a few tests of a child process each (tens of seconds apiece) then
+# comes last and one worker runs it while the other has nothing left. Under xdist (the
+# noxfile's PYTEST_WORKERS: --no-loadscope-reorder) the files go out in the order given here,
+# the costliest first; the order never selects or deselects a test.
+COSTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "xdist_costs.json")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    """Under an xdist worker: the files ordered by their tests' rough cost (tests/xdist_costs.json,
+    seconds per test case measured on 2 cores, by ``file::function``; an unlisted test counts 0.5),
+    the costliest file first; each file's tests keep their order. Every worker sorts the same
+    collection the same way (xdist requires identical collections)."""
+    if not hasattr(config, "workerinput"):
+        return
+    with open(COSTS) as f:
+        costs = json.load(f)
+    per_file, first = {}, {}
+    for i, item in enumerate(items):
+        path = item.nodeid.split("::", 1)[0]
+        per_file[path] = per_file.get(path, 0.0) + costs.get(item.nodeid.split("[", 1)[0], 0.5)
+        first.setdefault(path, i)
+    items.sort(key=lambda item: (-per_file[item.nodeid.split("::", 1)[0]], first[item.nodeid.split("::", 1)[0]]))
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """One torch thread for a module's tests: the test workers share the cores (several threads

@@ -917,14 +917,11 @@ def child(key: str, blocks: int, per_block: int) -> None:
     for bs in BATCHES:
         res = {"key": key, "fix": spec.fix, "step": spec.step, "bs": bs}
         try:
-            if found.verdict is Verdict.NOT_NEEDED:
-                # the fix installs nothing: both sides are stock's own step, upstream's fixed form
-                # of it here, timed for the side-by-side with a release that needs the fix
-                res.update(measure(spec.build(bs), blocks, per_block), ref="upstream (stock, fix not needed)")
-            elif found.verdict is not Verdict.NEEDED:
+            if found.verdict not in (Verdict.NEEDED, Verdict.NOT_NEEDED):
                 raise RuntimeError(f"not measured: {found.verdict.name.lower()} on this sglang ({found.reason[:150]})")
-            else:
-                res.update(measure(spec.build(bs), blocks, per_block))
+            res.update(measure(spec.build(bs), blocks, per_block))
+            if found.verdict is Verdict.NOT_NEEDED:  # the fix installs nothing: both sides are stock's
+                res["ref"] = "upstream (stock, fix not needed)"  # step, upstream's fixed form here
         except Exception as e:  # noqa: BLE001 - the row says why; the other batch goes on
             res["error"] = f"{type(e).__name__}: {e}"[:300]
             import traceback

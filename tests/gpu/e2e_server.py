@@ -74,7 +74,7 @@ _POOL: "ThreadPoolExecutor | None" = None
 # installed plugin's, as every server here imports it): OFF keeps the plugin out through sglang's
 # allow-list, ON names it.
 from sglang_swa_plugin.selftest.judging import compare, first_divergences, judge  # noqa: E402
-from sglang_swa_plugin.selftest.server import OFF, ON, Server, first_error, generate  # noqa: E402
+from sglang_swa_plugin.selftest.server import OFF, ON, Server, first_error  # noqa: E402
 from sglang_swa_plugin.selftest import rows as _rows, server as _server  # noqa: E402
 from sglang_swa_plugin.selftest.rows import eagle3 as eagle3_real  # noqa: E402
 
@@ -1651,6 +1651,7 @@ def scenario_throughput(out, _target, _draft):
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import gptoss_target as gt
+    import throughput_rows
 
     target, draft = gt.save(tempfile.mkdtemp(prefix="swa_throughput_"))
     reqs = gt.prompts(64, 130, 31)
@@ -1671,15 +1672,7 @@ def scenario_throughput(out, _target, _draft):
                for row in chosen for side, env in sides.items()}  # all start side by side
 
     def one_round(srv) -> dict:
-        t = time.time()
-        with ThreadPoolExecutor(len(reqs)) as ex:
-            outs = list(ex.map(lambda ids: generate(srv.port, ids, new), reqs))
-        wall = time.time() - t
-        toks = sum((o.get("meta_info", {}).get("completion_tokens") or 0) for o in outs)
-        errors = [o["error"] for o in outs if "error" in o]
-        verify = sum((o.get("meta_info", {}).get("spec_verify_ct") or 0) for o in outs)
-        return {"tok_per_s": round(toks / wall, 1), "tokens": toks, "errors": errors[:2], "outputs": [o.get("output_ids") for o in outs],
-                "accept_length": round(toks / verify, 3) if verify else None}
+        return throughput_rows.one_round(srv.port, reqs, new)
 
     res = {"rounds": rounds, "new_tokens": new, "concurrency": len(reqs), "rows": {}}
     try:

@@ -28,6 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 
 def one_round(port: int, reqs: list, new: int) -> dict:
+    """One round on a warm server (e2e_server's throughput scenario too): ``reqs`` at once, ``new``
+    greedy tokens each; its tokens/s, first errors, outputs and accept length."""
     from sglang_swa_plugin.selftest.server import generate
 
     t = time.time()

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from .fix import Hooks, TargetMissing, split_target
 
 MARK = "__sglang_swa_plugin__"
+CHAIN = "__sglang_swa_plugin_chain__"  # on our one AROUND hook of a target: its fixes, in registration order
 
 
 def mark(obj: Any, fix_name: str) -> Any:
@@ -47,7 +48,7 @@ def _own_mark(obj: Any) -> Optional[str]:
     return getattr(obj, MARK, None) if not isinstance(obj, type) else obj.__dict__.get(MARK)
 
 
-def _level_marks(obj: Any) -> List[str]:
+def level_marks(obj: Any) -> List[str]:
     """Fixes whose wrapper ``obj`` itself is (its own mark, or, for HookRegistry's wrappers,
     our hook kept in its closure)."""
     out = [name] if (name := _own_mark(obj)) else []
@@ -56,10 +57,19 @@ def _level_marks(obj: Any) -> List[str]:
             v = cell.cell_contents
         except ValueError:
             continue
-        n = _own_mark(v)
-        if n and callable(v):
-            out.append(n)
+        if callable(v):
+            out += hook_names(v)
     return out
+
+
+def hook_names(hook: Any) -> List[str]:
+    """The fixes a hook we registered carries, outermost first (a chain: several)."""
+    if isinstance(hook, type):
+        return [name] if (name := _own_mark(hook)) else []
+    chain = getattr(hook, CHAIN, None)
+    if chain is not None:
+        return [name for name, _ in reversed(chain)]
+    return [name] if (name := getattr(hook, MARK, None)) else []
 
 
 def marks(obj: Any) -> List[str]:
@@ -69,7 +79,7 @@ def marks(obj: Any) -> List[str]:
     while obj is not None and seen < 16:
         if isinstance(obj, (staticmethod, classmethod)):
             obj = obj.__func__
-        out += _level_marks(obj)
+        out += level_marks(obj)
         obj = getattr(obj, "__wrapped__", None)
         seen += 1
     return list(dict.fromkeys(out))
@@ -78,7 +88,7 @@ def marks(obj: Any) -> List[str]:
 def without_wrappers_of(fn: Any, fix_name: str) -> Any:
     """``fn`` with the outer wrappers that ``fix_name`` installed peeled off: the code under
     our hook, which detection must judge."""
-    while getattr(fn, "__wrapped__", None) is not None and fix_name in _level_marks(fn):
+    while getattr(fn, "__wrapped__", None) is not None and fix_name in level_marks(fn):
         fn = fn.__wrapped__
     return fn
 
@@ -188,10 +198,28 @@ class DirectHooks(Hooks):
         self.originals.clear()
 
 
+def _chain(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Our one AROUND hook of a target on sglang's HookRegistry: every fix's ``fn`` on it
+    (``CHAIN``: ``[(fix name, fn)]``, more appended while HookRegistry has not applied it),
+    nested as HookRegistry nests hooks, the first registered innermost. One registration per
+    target: sglang warns at every start about a target with several AROUND hooks."""
+    links = [(name, fn)]
+
+    def chain(original, *args, **kwargs):
+        call = original
+        for _, link in links:
+            call = functools.partial(link, call)
+        return call(*args, **kwargs)
+
+    setattr(chain, CHAIN, links)
+    return mark(chain, name)
+
+
 class RegistryHooks(Hooks):
     """Register on sglang's HookRegistry; ``load_plugins()`` applies them right after
     every plugin's ``register()`` ran (or we call ``apply_hooks()`` ourselves when we
-    were not loaded by sglang)."""
+    were not loaded by sglang). A target several fixes hook around gets one registration,
+    their chain."""
 
     via = "HookRegistry"
 
@@ -205,12 +233,16 @@ class RegistryHooks(Hooks):
         split_target(target)  # raises TargetMissing now rather than failing silently later
         mark(hook, self.fix_name)
         existing = [h for _, h, _ in self.registry._hooks.get(target, ())]
-        if any(getattr(h, MARK, None) == self.fix_name for h in existing):
+        if any(self.fix_name in hook_names(h) for h in existing):
             return  # already registered by an earlier register() in this process
         if target in self.registry._patched:
             raise TargetMissing(target, "already patched by HookRegistry before this fix registered")
         self.originals[target] = original_at(target)
-        self.registry.register(target, hook, kind)
+        chain = next((h for h in existing if getattr(h, CHAIN, None) is not None), None)
+        if kind is self.hook_type.AROUND and chain is not None:
+            getattr(chain, CHAIN).append((self.fix_name, hook))
+        else:
+            self.registry.register(target, _chain(self.fix_name, hook) if kind is self.hook_type.AROUND else hook, kind)
         self.installed.append(target)
 
     def around(self, target: str, fn: Callable[..., Any]) -> None:

@@ -128,7 +128,7 @@ def without_fix(cls, attr: str, fix_name: str = None):
     any fix of ours) on it in this process (on sglang without a plugin framework the start-up
     hook installs the needed fixes for good when sglang's model runner is imported). Wrappers
     another fix installed over ``fix_name``'s are peeled with it."""
-    from sglang_swa_plugin.patching import marked_by
+    from sglang_swa_plugin.patching import level_marks, marked_by
     from sglang_swa_plugin.probe import swapped
 
     fn = original = cls.__dict__[attr]
@@ -137,7 +137,7 @@ def without_fix(cls, attr: str, fix_name: str = None):
         chain.append(fn)
         fn = fn.__wrapped__
     if fix_name is not None:
-        theirs = [i for i, w in enumerate(chain) if marked_by(w) == fix_name]
+        theirs = [i for i, w in enumerate(chain) if fix_name in level_marks(w)]  # a chain of ours: one wrapper
         fn = chain[theirs[-1]].__wrapped__ if theirs else original  # and whatever sits above it
     if fn is original:
         yield

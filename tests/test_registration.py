@@ -9,7 +9,7 @@ import itertools
 
 import pytest
 
-from helpers import HERE, child_env, copy_dist, run_cli
+from helpers import HERE, LOAD, child_env, child_json, copy_dist, needs_framework, run_child, run_cli
 
 from sglang_swa_plugin.core import BUILTIN_MODULES, load_fixes
 
@@ -150,3 +150,40 @@ def test_no_two_fixes_share_a_hook_object():
         for hook in plan:
             owners.setdefault(id(hook.fn), set()).add(name)
     assert not [names for names in owners.values() if len(names) > 1]
+
+
+SHARED = LOAD + """
+import types
+from sglang.srt.plugins.hook_registry import HookRegistry
+from sglang_swa_plugin.patching import RegistryHooks, hook_names, target_marks
+applied = {}
+for name, rec in sglang_swa_plugin.status()["fixes"].items():
+    for t in rec["installed_targets"]:
+        applied.setdefault(t, []).append(name)
+shared = {t: {"ours": sum(1 for _, h, _ in HookRegistry._hooks[t] if hook_names(h)), "marks": target_marks(t)}
+          for t, names in applied.items() if len(names) > 1}
+# two fixes around one function of a module of our own, through sglang's registry
+mod = sys.modules["acme_target"] = types.ModuleType("acme_target")
+mod.f = lambda calls: calls + ["original"]
+for name in ("inner", "outer"):
+    RegistryHooks(name).around("acme_target.f", lambda original, calls, name=name: original(calls + [name]))
+ours = sum(1 for _, h, _ in HookRegistry._hooks["acme_target.f"] if hook_names(h))
+HookRegistry.apply_hooks()
+print("SHARED=" + json.dumps({"shared": shared, "calls": mod.f([]), "registered": ours, "marks": target_marks("acme_target.f")}))
+"""
+
+
+@needs_framework
+def test_a_shared_target_is_one_registration_on_sglangs_registry_running_every_fix_in_order():
+    """sglang's HookRegistry warns at every start about a target with several AROUND hooks: the
+    fixes that share a target register one hook, their chain, which runs each of them nested as
+    the registry would (the first registered innermost)."""
+    proc = run_child(SHARED)
+    got = child_json(proc, "SHARED")
+    assert got["calls"] == ["outer", "inner", "original"] and got["registered"] == 1, got
+    assert got["marks"] == ["outer", "inner"], got
+    assert got["shared"], "no target of this sglang carries two applied fixes: nothing was checked"
+    for target, seen in got["shared"].items():
+        applied = [n for n in NESTING[target] if n in seen["marks"]]
+        assert seen["ours"] == 1 and seen["marks"] == applied[::-1], (target, seen)
+    assert not [l for l in proc.stderr.splitlines() if "Multiple AROUND hooks" in l]

@@ -447,8 +447,11 @@ def _triton_draft_decode(bs):
         with triton_construction(ct) as tri:
             multi = tri.TritonMultiStepDraftBackend(runner, 1, steps)
         multi.init_cuda_graph_state(bs, bs)
+        # releases that split the draft's locations per step (eagle_utils.per_step_draft_out_cache_loc,
+        # 0.5.23) take every step's: batch x steps
+        per_step = hasattr(importlib.import_module("sglang.srt.speculative.eagle_utils"), "per_step_draft_out_cache_loc")
         batch = tb.make_forward_batch(runner, "draft_decode", req_pool_indices=list(range(bs)), seq_lens=lens,
-                                      attn_backend=multi, out_cache_loc=t.zeros(bs, dtype=t.int64))
+                                      attn_backend=multi, out_cache_loc=t.zeros(bs * (steps if per_step else 1), dtype=t.int64))
         to_device(batch)
         batch.positions = batch.seq_lens.clone()
         multi_step_metadata(multi, batch, bs, in_capture=True)

@@ -272,6 +272,18 @@ def triton_draft_extend(bs):
     return _pair(refresh, fix)
 
 
+def triton_window_decode(bs):
+    """bench_fix_cost_gpu's plain Triton decode (window WINDOW over a hybrid pool), its graph
+    state and capture-time metadata built with the fix in; the replay-time refresh, where the
+    fix's wrapper of sglang's window-rail builder runs."""
+    fix = gpu.hook("triton_swa_window").FIX
+    lens = [n + 1 for n in gpu.LENGTHS[:bs]]  # the token being decoded included
+    backend, batch = gpu.triton_decode(bs, lens, fixes=[fix])
+    with gpu.installed([fix]):
+        refresh = gpu.replay_refresh(backend, batch, lens)
+    return _pair(refresh, fix)
+
+
 def graph_padding(bs):
     pair = gpu._swa_graph_padding(bs)
     return _pair(pair.fixed.refresh, pair.fixed.fixes[0])
@@ -285,6 +297,7 @@ ROWS = {  # key: (fix, step, build(bs) -> SimpleNamespace(refresh, fixes))
     "fa3_local_attn_verify": ("fa3_local_attn_verify", "target verify, topk 1, Llama 4",
                               fa3_row(1, "llama4", "fa3_local_attn_verify")),
     "swa_graph_padding": ("swa_graph_padding", "CUDA-graph input fill, padded", graph_padding),
+    "triton_swa_window": ("triton_swa_window", "plain decode, a sliding layer", triton_window_decode),
     "fa3_spec_translate": ("fa3_spec_translate", "target verify, topk 2, 4 layers",
                            fa3_row(2, "gpt_oss", "fa3_spec_translate")),
 }
@@ -417,7 +430,8 @@ def table(rows: list) -> str:
     return "\n".join(lines)
 
 
-REPLAY_TIME = ("replay", "out_graph", "populate_from_forward_batch")  # a hooked method that runs before a replay
+# a hooked callable that runs before a replay: the refresh methods, and the rail builders they call
+REPLAY_TIME = ("replay", "out_graph", "populate_from_forward_batch", "update_sliding_window")
 
 
 def untimed_rows() -> list:

@@ -7,7 +7,7 @@
 # Steps: unpack | unpack12 | release | smoke | trtllm_eagle_accept | xqa_verify | fa3_seq | fa3_eagle3 | fa3_control | cost | fp8 | fp8w |
 #        guard_kernel | guard_server | gpu_tests | bench_decode | bench_fix_step | graph_kernel | bench_xqa | servers | fi7 | pack |
 #        llama4 | llama4_eagle | llama4_tree | llama4_tree_wide | llama4_exact | gptoss_exact | gemma4_exact | fi_kernel | bench_fi | fi_verify | triton_mtp |
-#        bench_fix_cost | throughput | throughput_rows | selftest | bg_selftest | wait_bg
+#        bench_fix_cost | throughput | throughput_rows | selftest | bg | bg_selftest | wait_bg
 # servers: SCENARIOS="xqa_verify trtllm_eagle_accept ..." PARALLEL=N (side by side on the GPU); SITE: another unpacked release
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -161,13 +161,15 @@ for step in "$@"; do
       cp -r $st/logs "$OUT/selftest_logs" 2>/dev/null
       tail -8 "$OUT/selftest.txt"
       (cd /tmp && PYTHONPATH=${SITE:-/root/site} python3 -c "import json, sys; from sglang_swa_plugin.selftest.command import print_matrix; print_matrix(json.load(open(sys.argv[1])))" "$OUT/selftest.json") ;;
-    bg_selftest)  # NAME=NN: the selftest step (SITE, SELFTEST_ARGS, PROMPT_SEEDS, STEP_TIMEOUT) in a process session of its
-                  # own, which outlives this call (the machine keeps it while warm): later calls carry payload parts meanwhile
-      d=/root/bg_${NAME:?NAME=NN}; rm -rf $d; mkdir -p $d/out; cp tests/gpu/run_on_device.sh $d/
-      OUT=$d/out setsid nohup bash $d/run_on_device.sh selftest > $d/step.txt 2>&1 < /dev/null &
-      sleep 2; echo "started in $d: $(head -c 300 $d/step.txt)" ;;
-    wait_bg)  # NAME=NN WAIT=seconds: until that selftest has ended (or WAIT), then its output into $OUT
-      d=/root/bg_${NAME:?NAME=NN}; for _ in $(seq ${WAIT:-500}); do grep -q "selftest exit" $d/step.txt 2>/dev/null && break; sleep 1; done
+    bg|bg_selftest)  # NAME=NN BG_STEP=step (default selftest): that step, with its environment, in a process session of
+                     # its own, which outlives this call (the machine keeps it while warm): later calls carry payload parts meanwhile.
+                     # It runs from a copy of tests/ (a later call's working copy replaces this one's)
+      d=/root/bg_${NAME:?NAME=NN}; rm -rf $d; mkdir -p $d/out $d/repo; cp -r tests $d/repo/
+      (cd $d/repo && OUT=$d/out setsid nohup bash -c "bash tests/gpu/run_on_device.sh ${BG_STEP:-selftest}; echo \"bg exit \$?\"" \
+        > $d/step.txt 2>&1 < /dev/null &)
+      sleep 2; echo "started ${BG_STEP:-selftest} in $d: $(head -c 300 $d/step.txt)" ;;
+    wait_bg)  # NAME=NN WAIT=seconds: until that step has ended (or WAIT), then its output into $OUT
+      d=/root/bg_${NAME:?NAME=NN}; for _ in $(seq ${WAIT:-500}); do grep -q "^bg exit" $d/step.txt 2>/dev/null && break; sleep 1; done
       tail -c 6000 $d/step.txt; mkdir -p "$OUT/r$NAME"; cp -r $d/out/. "$OUT/r$NAME/"; cp $d/step.txt "$OUT/r$NAME/" ;;
     pack)  # at most 8 files come back: everything under $OUT into one archive
       (cd "$OUT" && tar czf "/tmp/results.tgz" . && find . -mindepth 1 -delete && mv /tmp/results.tgz "$OUT/results_$(date +%H%M%S).tgz") ;;

@@ -11,8 +11,14 @@ the medians and the ratio plugin / stock, each plugin round over the stock round
 ratio's spread), the accept length of each side, and how many requests gave the same tokens.
 A stock server that does not start leaves the plugin's figure alone (stock crashes on some rows).
 Where the installed sglang has upstream's own fix, its stock row is upstream's fixed form.
+To tell where a cost comes from: ``--without a,b`` adds a side per fix, the plugin with every
+fix but that one (``SGLANG_SWA_PLUGIN_FIXES=all,-a``; ``all``: the plugin loaded by sglang with
+``SGLANG_SWA_PLUGIN=0``, installing nothing), and ``--aa`` a second stock server
+(``stock_b``: stock against stock, the measurement's own spread); each such side's ratio is
+its median over stock's.
 
     python tests/gpu/throughput_rows.py --rows mimo_v2/triton/nextn,llama4/fa3/k1 --out DIR
+    python tests/gpu/throughput_rows.py --rows gemma4/triton/plain --without triton_swa_window --aa --out DIR
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=192)
     ap.add_argument("--start-timeout", type=float, default=300)
     ap.add_argument("--mem-fraction", type=float, default=0.85)
+    ap.add_argument("--without", default="", help="comma list of fixes: a side each, the plugin without it")
+    ap.add_argument("--aa", action="store_true", help="a second stock server per row (stock_b)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
     a = ap.parse_args()
 
@@ -61,6 +69,7 @@ def main() -> int:
 
     os.makedirs(a.out, exist_ok=True)
     wanted = [r.strip("/") for r in a.rows.split(",") if r]
+    without = [f for f in a.without.split(",") if f]
     gpu = rows.detect_gpu()
     if gpu is None:
         print("no CUDA GPU")
@@ -84,6 +93,13 @@ def main() -> int:
             continue
         env = {**(server.ON if p.row.plugin else server.OFF), **dict(p.env)}
         servers[p.row.key] = server.Server(p.row.key.replace("/", "_"), a.out, p.args + more, env)
+        base = p.row.key.rsplit("/", 1)[0]
+        extra = ({f"without_{f}": {**env, **({"SGLANG_SWA_PLUGIN": "0"} if f == "all" else
+                                             {"SGLANG_SWA_PLUGIN_FIXES": f"all,-{f}"})} for f in without} if p.row.plugin
+                 else {"stock_b": env} if a.aa else {})
+        for side, side_env in extra.items():
+            key = f"{base}/{side}"
+            servers[key] = server.Server(key.replace("/", "_"), a.out, p.args + more, side_env)
     res = {"sglang": version("sglang"), "gpu": gpu.name, "rounds": a.rounds, "requests": a.requests,
            "new_tokens": a.new_tokens, "prompt_seed": seed, "rows": {}}
     try:
@@ -93,7 +109,8 @@ def main() -> int:
             r = res["rows"][w] = {"state": {side: "served" if up[k] else
                                             f"did not start: {server.first_error(servers[k].log) or 'no answer'}"
                                             for side, k in sides.items()}}
-            live = [side for side in ("plugin", "stock") if side in sides and up[sides[side]]]
+            order = ["plugin", "stock", *(f"without_{f}" for f in without), "stock_b"]
+            live = [side for side in order if side in sides and up[sides[side]]]
             warm = {side: one_round(servers[sides[side]].port, reqs, a.new_tokens) for side in live}
             r["accept_length"] = {side: warm[side]["accept_length"] for side in live}
             r["errors"] = {side: warm[side]["errors"] for side in live if warm[side]["errors"]}
@@ -104,11 +121,14 @@ def main() -> int:
                     r[side].append(one_round(servers[sides[side]].port, reqs, a.new_tokens)["tok_per_s"])
             for side in live:
                 r[f"{side}_median"] = statistics.median(r[side])
-            if len(live) == 2:
+            if "plugin" in live and "stock" in live:
                 r["ratio"] = round(r["plugin_median"] / r["stock_median"], 4)
                 r["round_ratios"] = [round(x / y, 4) for x, y in zip(r["plugin"], r["stock"])]
                 same = sum(1 for x, y in zip(warm["plugin"]["outputs"], warm["stock"]["outputs"]) if x and x == y)
                 r["same_tokens"] = f"{same}/{len(reqs)}"  # for information: stock may be wrong
+            if "stock" in live:
+                r["over_stock"] = {side: round(r[f"{side}_median"] / r["stock_median"], 4)
+                                   for side in live if side not in ("plugin", "stock")}
     finally:
         for s in servers.values():
             s.stop()
@@ -119,7 +139,8 @@ def main() -> int:
         med = {side: r.get(f"{side}_median") for side in ("plugin", "stock")}
         print(f"{w:<24} {med['plugin'] or '-':>9} {med['stock'] or '-':>9} {r.get('ratio', '-'):>7}  "
               f"{r.get('round_ratios', '-')}; {r['accept_length']}"
-              + "".join(f"; {side}: {st}" for side, st in r["state"].items() if st != "served"))
+              + "".join(f"; {side}: {st}" for side, st in r["state"].items() if st != "served")
+              + "".join(f"; {side} {r[f'{side}_median']} ({ratio} of stock)" for side, ratio in r.get("over_stock", {}).items()))
     with open(os.path.join(a.out, "throughput_rows.json"), "w") as f:
         json.dump(res, f, indent=1)
     print("THROUGHPUT_ROWS=" + json.dumps(res["rows"]))

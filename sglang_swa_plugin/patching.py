@@ -15,7 +15,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from .fix import Hooks, TargetMissing, split_target
 
 MARK = "__sglang_swa_plugin__"
-CHAIN = "__sglang_swa_plugin_chain__"  # on our one AROUND hook of a target: its fixes, in registration order
+# our one AROUND hook per target on sglang's HookRegistry -> its links [(fix name, fn)], in registration order
+CHAINS: Dict[Callable[..., Any], List[Tuple[str, Callable[..., Any]]]] = {}
 
 
 def mark(obj: Any, fix_name: str) -> Any:
@@ -66,9 +67,9 @@ def hook_names(hook: Any) -> List[str]:
     """The fixes a hook we registered carries, outermost first (a chain: several)."""
     if isinstance(hook, type):
         return [name] if (name := _own_mark(hook)) else []
-    chain = getattr(hook, CHAIN, None)
-    if chain is not None:
-        return [name for name, _ in reversed(chain)]
+    links = CHAINS.get(hook) if isinstance(hook, types.FunctionType) else None
+    if links is not None:
+        return [name for name, _ in reversed(links)]
     return [name] if (name := getattr(hook, MARK, None)) else []
 
 
@@ -200,7 +201,7 @@ class DirectHooks(Hooks):
 
 def _chain(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """Our one AROUND hook of a target on sglang's HookRegistry: every fix's ``fn`` on it
-    (``CHAIN``: ``[(fix name, fn)]``, more appended while HookRegistry has not applied it),
+    (``CHAINS[chain]``: ``[(fix name, fn)]``, more appended while HookRegistry has not applied it),
     nested as HookRegistry nests hooks, the first registered innermost. One registration per
     target: sglang warns at every start about a target with several AROUND hooks."""
     links = [(name, fn)]
@@ -211,7 +212,7 @@ def _chain(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             call = functools.partial(link, call)
         return call(*args, **kwargs)
 
-    setattr(chain, CHAIN, links)
+    CHAINS[chain] = links
     return mark(chain, name)
 
 
@@ -238,9 +239,9 @@ class RegistryHooks(Hooks):
         if target in self.registry._patched:
             raise TargetMissing(target, "already patched by HookRegistry before this fix registered")
         self.originals[target] = original_at(target)
-        chain = next((h for h in existing if getattr(h, CHAIN, None) is not None), None)
+        chain = next((h for h in existing if isinstance(h, types.FunctionType) and h in CHAINS), None)
         if kind is self.hook_type.AROUND and chain is not None:
-            getattr(chain, CHAIN).append((self.fix_name, hook))
+            CHAINS[chain].append((self.fix_name, hook))
         else:
             self.registry.register(target, _chain(self.fix_name, hook) if kind is self.hook_type.AROUND else hook, kind)
         self.installed.append(target)

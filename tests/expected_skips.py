@@ -39,6 +39,7 @@ EXPECTED = {
     "test_foundation.py::test_sglang_plugins_naming_us_selects_us": "0.5.10",
     "test_foundation.py::test_disabled_installs_nothing": "0.5.10",
     "test_foundation.py::test_loading_twice_hooks_each_target_once": "0.5.10",
+    "test_registration.py::test_a_shared_target_is_one_registration_on_sglangs_registry_running_every_fix_in_order": "0.5.10",
     "test_foundation.py::test_third_party_fix_is_found_applied_and_runs": "0.5.10",
     "test_foundation.py::test_moved_target_is_skipped_with_one_warning_naming_it": "0.5.10",
     "test_foundation.py::test_strict_mode_stops_startup_naming_the_fix": "0.5.10",

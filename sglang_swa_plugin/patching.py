@@ -67,10 +67,15 @@ def hook_names(hook: Any) -> List[str]:
     """The fixes a hook we registered carries, outermost first (a chain: several)."""
     if isinstance(hook, type):
         return [name] if (name := _own_mark(hook)) else []
-    links = CHAINS.get(hook) if isinstance(hook, types.FunctionType) else None
+    links = _links(hook)
     if links is not None:
         return [name for name, _ in reversed(links)]
     return [name] if (name := getattr(hook, MARK, None)) else []
+
+
+def _links(hook: Any) -> Optional[List[Tuple[str, Callable[..., Any]]]]:
+    """The links of ``hook`` where it is one of our chains, else None."""
+    return CHAINS.get(hook) if isinstance(hook, types.FunctionType) else None
 
 
 def marks(obj: Any) -> List[str]:
@@ -205,12 +210,15 @@ def _chain(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     nested as HookRegistry nests hooks, the first registered innermost. One registration per
     target: sglang warns at every start about a target with several AROUND hooks."""
     links = [(name, fn)]
+    nested: List[Any] = [None, None]  # (original, the links nested around it): built on the first call
 
     def chain(original, *args, **kwargs):
-        call = original
-        for _, link in links:
-            call = functools.partial(link, call)
-        return call(*args, **kwargs)
+        if nested[0] is not original:  # HookRegistry hands every call the same original
+            call = original
+            for _, link in links:
+                call = functools.partial(link, call)
+            nested[:] = [original, call]
+        return nested[1](*args, **kwargs)
 
     CHAINS[chain] = links
     return mark(chain, name)
@@ -239,9 +247,9 @@ class RegistryHooks(Hooks):
         if target in self.registry._patched:
             raise TargetMissing(target, "already patched by HookRegistry before this fix registered")
         self.originals[target] = original_at(target)
-        chain = next((h for h in existing if isinstance(h, types.FunctionType) and h in CHAINS), None)
-        if kind is self.hook_type.AROUND and chain is not None:
-            CHAINS[chain].append((self.fix_name, hook))
+        links = next((found for h in existing if (found := _links(h)) is not None), None)
+        if kind is self.hook_type.AROUND and links is not None:
+            links.append((self.fix_name, hook))
         else:
             self.registry.register(target, _chain(self.fix_name, hook) if kind is self.hook_type.AROUND else hook, kind)
         self.installed.append(target)

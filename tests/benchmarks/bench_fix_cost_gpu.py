@@ -431,6 +431,15 @@ def triton_construction(ct):
         yield tri
 
 
+def draft_decode_locations(bs: int, steps: int):
+    """A multi-step draft decode batch's write locations: one per request, or one per step and
+    request where sglang splits them per step (``eagle_utils.per_step_draft_out_cache_loc``,
+    0.5.23+, which asserts their number)."""
+    t = torch()
+    per_step = hasattr(importlib.import_module("sglang.srt.speculative.eagle_utils"), "per_step_draft_out_cache_loc")
+    return t.zeros(bs * (steps if per_step else 1), dtype=t.int64)
+
+
 @row("triton_swa_draft", "draft decode (multi-step, 3 steps, sliding layer)", "triton_swa_draft_decode")
 def _triton_draft_decode(bs):
     """Each draft step's forward_decode on a sliding layer. Fix-off: sglang's own refresh (the
@@ -447,11 +456,8 @@ def _triton_draft_decode(bs):
         with triton_construction(ct) as tri:
             multi = tri.TritonMultiStepDraftBackend(runner, 1, steps)
         multi.init_cuda_graph_state(bs, bs)
-        # releases that split the draft's locations per step (eagle_utils.per_step_draft_out_cache_loc,
-        # 0.5.23) take every step's: batch x steps
-        per_step = hasattr(importlib.import_module("sglang.srt.speculative.eagle_utils"), "per_step_draft_out_cache_loc")
         batch = tb.make_forward_batch(runner, "draft_decode", req_pool_indices=list(range(bs)), seq_lens=lens,
-                                      attn_backend=multi, out_cache_loc=t.zeros(bs * (steps if per_step else 1), dtype=t.int64))
+                                      attn_backend=multi, out_cache_loc=draft_decode_locations(bs, steps))
         to_device(batch)
         batch.positions = batch.seq_lens.clone()
         multi_step_metadata(multi, batch, bs, in_capture=True)

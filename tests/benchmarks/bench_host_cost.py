@@ -234,8 +234,7 @@ def fa3_row(topk: int, model: str, name: str):
 def triton_draft_decode(bs):
     """bench_fix_cost_gpu's multi-step draft decode (3 step backends, a sliding layer), its
     graph state and capture-time metadata built with the fix in, without its forward (nothing
-    is captured here); a write id per step and request (0.5.23 asserts their number); the
-    replay-time refresh."""
+    is captured here); its write locations as the GPU bench gives them; the replay-time refresh."""
     fix = gpu.hook("triton_swa_draft").FIX
     steps = 4  # TritonMultiStepDraftBackend runs steps - 1 backends
     tb, pool, rtt, runner, ct = gpu.triton_parts(bs, 2 * steps)
@@ -245,7 +244,7 @@ def triton_draft_decode(bs):
         multi.init_cuda_graph_state(bs, bs)
         batch = tb.make_forward_batch(runner, "draft_decode", req_pool_indices=list(range(bs)),
                                       seq_lens=gpu.LENGTHS[:bs], attn_backend=multi,
-                                      out_cache_loc=torch.zeros(bs * steps, dtype=torch.int64))
+                                      out_cache_loc=gpu.draft_decode_locations(bs, steps))
         batch.positions = batch.seq_lens.clone()
         gpu.multi_step_metadata(multi, batch, bs, in_capture=True)
     return _pair(lambda: gpu.multi_step_metadata(multi, batch, bs, in_capture=False), fix)

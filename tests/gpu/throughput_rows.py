@@ -49,6 +49,15 @@ def one_round(port: int, reqs: list, new: int) -> dict:
             "outputs": [o.get("output_ids") for o in outs], "accept_length": round(toks / verify, 3) if verify else None}
 
 
+def extra_sides(env: dict, plugin: bool, without: list, aa: bool) -> dict:
+    """{side: its server's environment} beside a row's plugin server (``env``: the plugin's) or
+    its stock one: ``without_<fix>`` per fix of ``without``, ``stock_b`` with ``aa``."""
+    if not plugin:
+        return {"stock_b": env} if aa else {}
+    return {f"without_{f}": {**env, **({"SGLANG_SWA_PLUGIN": "0"} if f == "all" else {"SGLANG_SWA_PLUGIN_FIXES": f"all,-{f}"})}
+            for f in without}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", required=True, help="comma list of target/backend/mode")
@@ -94,10 +103,7 @@ def main() -> int:
         env = {**(server.ON if p.row.plugin else server.OFF), **dict(p.env)}
         servers[p.row.key] = server.Server(p.row.key.replace("/", "_"), a.out, p.args + more, env)
         base = p.row.key.rsplit("/", 1)[0]
-        extra = ({f"without_{f}": {**env, **({"SGLANG_SWA_PLUGIN": "0"} if f == "all" else
-                                             {"SGLANG_SWA_PLUGIN_FIXES": f"all,-{f}"})} for f in without} if p.row.plugin
-                 else {"stock_b": env} if a.aa else {})
-        for side, side_env in extra.items():
+        for side, side_env in extra_sides(env, p.row.plugin, without, a.aa).items():
             key = f"{base}/{side}"
             servers[key] = server.Server(key.replace("/", "_"), a.out, p.args + more, side_env)
     res = {"sglang": version("sglang"), "gpu": gpu.name, "rounds": a.rounds, "requests": a.requests,

@@ -165,8 +165,9 @@ for step in "$@"; do
                      # its own, which outlives this call (the machine keeps it while warm): later calls carry payload parts meanwhile.
                      # It runs from a copy of tests/ (a later call's working copy replaces this one's)
       d=/root/bg_${NAME:?NAME=NN}; rm -rf $d; mkdir -p $d/out $d/repo; cp -r tests $d/repo/
-      (cd $d/repo && OUT=$d/out setsid nohup bash -c "bash tests/gpu/run_on_device.sh ${BG_STEP:-selftest}; echo \"bg exit \$?\"" \
-        > $d/step.txt 2>&1 < /dev/null &)
+      # only the step holds its output file: nothing of this call's stdout stays open (a pipe after it returns)
+      (cd $d/repo || exit 1; OUT=$d/out setsid nohup bash -c "bash tests/gpu/run_on_device.sh ${BG_STEP:-selftest}; echo \"bg exit \$?\"" \
+        > $d/step.txt 2>&1 < /dev/null &) > /dev/null 2>&1
       sleep 2; echo "started ${BG_STEP:-selftest} in $d: $(head -c 300 $d/step.txt)" ;;
     wait_bg)  # NAME=NN WAIT=seconds: until that step has ended (or WAIT), then its output into $OUT
       d=/root/bg_${NAME:?NAME=NN}; for _ in $(seq ${WAIT:-500}); do grep -q "^bg exit" $d/step.txt 2>/dev/null && break; sleep 1; done

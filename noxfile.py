@@ -87,8 +87,10 @@ TEST_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 # pytest spread over the machine's cores (pytest-xdist), a test file per worker at a time (its
-# module-scoped fixtures run once): nearly all the time is subprocesses importing sglang, one
-# core each. ``-- -n 0`` after these runs the tests in one process (the last -n counts).
+# module-scoped fixtures run once): most of the time is child processes importing sglang, one
+# core each, forked from a warm interpreter per worker that has imported torch, transformers and
+# the rest once (tests/warm_children.py; SWA_TESTS_FRESH_CHILDREN=1: every child a fresh
+# interpreter). ``-- -n 0`` after these runs the tests in one process (the last -n counts).
 # --no-loadscope-reorder: the files go out in the order tests/conftest.py gives them (the
 # costliest first, tests/xdist_costs.json), not by their number of tests (a long file of a
 # few slow tests last kept one worker busy while the others had nothing left to run).

@@ -8,11 +8,12 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+import warm_children
 
 HERE = Path(__file__).resolve().parent
 SHIMS = HERE / "cpu_import_shims"
@@ -97,18 +98,14 @@ logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="LOG|%(name)s|
 
 
 def run_child(code: str, timeout: int = 240, *, prelude: bool = True, **env: str) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter (as sglang starts a scheduler process: a new
-    process that imports sglang and calls load_plugins()). ``prelude``: logging configured
-    first, in the LOG|name|level|message format that ``plugin_log_lines`` reads."""
-    proc = subprocess.run(
-        [sys.executable, "-c", (PRELUDE if prelude else "import json\n") + textwrap.dedent(code)],
-        env=child_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=str(HERE.parent.parent),  # outside the source tree: import the installed plugin
-    )
-    return proc
+    """Run ``code`` as ``python -c`` (as sglang starts a scheduler process: a new process that
+    imports sglang and calls load_plugins()), forked from a warm interpreter where that is the
+    same (tests/warm_children.py). ``prelude``: logging configured first, in the
+    LOG|name|level|message format that ``plugin_log_lines`` reads."""
+    source = (PRELUDE if prelude else "import json\n") + textwrap.dedent(code)
+    # cwd: outside the source tree, to import the installed plugin
+    return warm_children.run(["-c", source], env=child_env(**env), base_env=child_env(), cwd=str(HERE.parent.parent),
+                             timeout=timeout)
 
 
 def child_json(proc: subprocess.CompletedProcess, key: str = "RESULT"):
@@ -266,10 +263,10 @@ def sglang_release() -> tuple:
 
 
 def run_cli(*args: str, tmp_path, env: dict = None, python_args=()) -> subprocess.CompletedProcess:
-    """``sglang-swa-plugin ARGS`` in a fresh interpreter, outside the source tree."""
-    return subprocess.run([sys.executable, *python_args, "-m", "sglang_swa_plugin.cli", *args],
-                          capture_output=True, text=True, timeout=400, cwd=str(tmp_path),
-                          env=child_env() if env is None else env)
+    """``sglang-swa-plugin ARGS`` in a new interpreter (warm where that is the same: run_child),
+    outside the source tree."""
+    return warm_children.run([*python_args, "-m", "sglang_swa_plugin.cli", *args], env=child_env() if env is None else env,
+                             base_env=child_env(), cwd=str(tmp_path), timeout=400)
 
 
 def copy_dist(name: str, dest: Path) -> None:

@@ -251,6 +251,10 @@ def test_rows_for_a_gpu_capability():
     only = [p.row.key for p in rows.plan(paths, rows.BACKENDS, (9, 0), opts, patterns=["gptoss/*/k1/*", "gemma4/triton/*"])]
     assert only == ["gptoss/fa3/k1/plugin", "gptoss/flashinfer/k1/plugin", "gptoss/triton/k1/plugin",
                     "gptoss/trtllm_mha/k1/plugin", "gemma4/triton/plain/plugin"]
+    # a pattern that names a stock, eager or small row plans it without the flag that plans them all
+    named = [p.row.key for p in rows.plan(paths, rows.BACKENDS, (9, 0), opts, small_pool=False,
+                                          patterns=["gptoss/fa3/k1/eager/stock", "gemma4/triton/plain/small/*", "gptoss/fa3/k1/*"])]
+    assert named == ["gptoss/fa3/k1/plugin", "gptoss/fa3/k1/eager/stock", "gemma4/triton/plain/small/plugin"], named
     eager = {p.row.key: p.args for p in rows.plan(paths, ["triton"], (9, 0), opts, graphs_off=True)}
     assert eager["gemma4/triton/plain/eager/plugin"][-1] == "--disable-cuda-graph"
     assert "--disable-cuda-graph" not in eager["gemma4/triton/plain/plugin"]

@@ -154,7 +154,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --tp N: also run every row with --enable-dp-attention --dp-size N (variant tpNdpattn)")
     p.add_argument("--rows", type=_patterns, default=[],
                    help="comma list of patterns on row names target/backend/mode[/eager][/small][/variant]/plugin|stock "
-                        "(e.g. 'gptoss/*/k1/*,llama4/fa3/*'); default: every row")
+                        "(e.g. 'gptoss/*/k1/*,llama4/fa3/*'); a pattern that names stock, eager or small as a "
+                        "part runs those rows without --stock, --graphs-off or --small-pool "
+                        "(e.g. 'mimo_v2/triton/nextn/eager/stock'); default: every row")
     p.add_argument("--require", type=_patterns, default=None,
                    help="comma list of row patterns that must run: a pattern no row matches, or a matching row "
                         "that was not run, is a failure ('default': the default set, 'none': nothing). Default "

@@ -321,7 +321,9 @@ def plan(targets: dict, backends: Iterable[str], capability: Optional[tuple], op
     """The rows, in order, each with its server arguments or why it is not run. ``targets``:
     ``{name: Saved (or a tuple of its fields) or a reason the target is not available}`` (an
     unavailable target has no rows: the target checks say why); ``capability``: the GPU's
-    (None: no GPU); ``patterns``: ``--rows`` (fnmatch on Row.key, empty: every row);
+    (None: no GPU); ``patterns``: ``--rows`` (fnmatch on Row.key, empty: every row; a pattern
+    that names ``stock``, ``eager`` or ``small`` as one of its parts plans the rows of that kind it
+    matches, as ``stock``, ``graphs_off`` or ``small_pool`` plan them all);
     ``variants``: of VARIANTS, the opt-in rows; ``tp`` > 1: every default row also on ``tp``
     GPUs (and with ``dp_attention``, with DP attention too), each server on its own set of
     ``gpus`` (device ids, ``devices()``; default: one device)."""
@@ -339,14 +341,18 @@ def plan(targets: dict, backends: Iterable[str], capability: Optional[tuple], op
                     continue  # the target has no draft of this kind: no such rows (said once per target)
                 if saved.modes is not None and mode not in saved.modes:
                     continue  # a mode the target leaves out (its MODES say why)
-                for graphs in (True, False) if graphs_off else (True,):
-                    for pool in ("large", "small") if small_pool else ("large",):
+                for graphs in (True, False):
+                    for pool in ("large", "small"):
                         for variant in [""] + (extra if graphs and pool == "large" else []):
                             if variant and not variant_of(variant, backend, spec, saved):
                                 continue
-                            for plugin in (True, False) if stock else (True,):
+                            for plugin in (True, False):
                                 row = Row(name, backend, mode, plugin, graphs, pool, variant)
                                 if patterns and not any(fnmatch.fnmatchcase(row.key, p) for p in patterns):
+                                    continue
+                                if not ((graphs or graphs_off or _named(patterns, row.key, "eager"))
+                                        and (pool == "large" or small_pool or _named(patterns, row.key, "small"))
+                                        and (plugin or stock or _named(patterns, row.key, "stock"))):
                                     continue
                                 p = _planned(row, saved, spec, capability, options, mem_fraction, len(gpus))
                                 if p.ranks > 1 and p.args is not None and device_sets:
@@ -356,6 +362,12 @@ def plan(targets: dict, backends: Iterable[str], capability: Optional[tuple], op
                                     p = p._replace(env=(("CUDA_VISIBLE_DEVICES", ",".join(ds)),))
                                 out.append(p)
     return out
+
+
+def _named(patterns: list, key: str, part: str) -> bool:
+    """True where a pattern that has ``part`` as one of its /-parts matches ``key``: that
+    kind of row was asked for by name (``mimo_v2/triton/nextn/eager/stock``)."""
+    return any(part in p.split("/") and fnmatch.fnmatchcase(key, p) for p in patterns)
 
 
 def _planned(row: Row, saved: Saved, spec: Optional[Spec], capability, options, mem_fraction, gpus: int = 1) -> Planned:

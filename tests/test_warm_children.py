@@ -116,3 +116,10 @@ def test_a_plugin_build_first_on_the_path_is_the_one_a_forked_child_starts_with(
     fresh, forked = both(["-c", code], tmp_path, PYTHONPATH=str(site))
     assert fresh.stdout.startswith(str(site)) and "sglang_swa_plugin._autoload" in fresh.stdout, fresh.stdout + fresh.stderr
     assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+
+
+def test_children_run_fresh_where_the_warm_interpreter_does_not_start(tmp_path, monkeypatch):
+    monkeypatch.setattr(warm_children, "_ZYGOTE", "raise SystemExit(1)")
+    monkeypatch.setattr(warm_children, "_zygote", None)
+    proc = warm_children.run(["-c", "print('hi')"], env=child_env(), base_env=child_env(), cwd=str(tmp_path), timeout=60)
+    assert not proc.warm and (proc.returncode, proc.stdout) == (0, "hi\n")

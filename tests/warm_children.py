@@ -108,12 +108,13 @@ def run(argv: list, *, env: dict, base_env: dict, cwd: str, timeout: float) -> s
     (``base_env``: the environment the warm one runs with). The result's ``warm``: forked or not."""
     cmd = [sys.executable, *argv]
     if not _forkable(argv, env, base_env):
-        proc = subprocess.run(cmd, env=env, cwd=cwd, timeout=timeout, capture_output=True, text=True)
-        proc.warm = False
-        return proc
+        return _fresh(cmd, env, cwd, timeout)
     with tempfile.TemporaryDirectory(prefix="warm-child-") as d:
         files = {k: os.path.join(d, k) for k in ("out", "err", "status")}
-        pid = _get_zygote(base_env).start({"argv": argv, "env": env, "cwd": str(cwd), **files})
+        try:
+            pid = _get_zygote(base_env).start({"argv": argv, "env": env, "cwd": str(cwd), **files})
+        except (OSError, ValueError, RuntimeError):  # the warm one did not start or is gone: a fresh child
+            return _fresh(cmd, env, cwd, timeout)   # (test_warm_children fails: it needs the warm one)
         deadline = time.monotonic() + timeout
         while not os.path.exists(files["status"]):
             if not _running(pid):
@@ -131,6 +132,12 @@ def run(argv: list, *, env: dict, base_env: dict, cwd: str, timeout: float) -> s
         proc = subprocess.CompletedProcess(cmd, code, out, err)
         proc.warm = True  # forked (tests/test_warm_children.py checks that it was)
         return proc
+
+
+def _fresh(cmd: list, env: dict, cwd: str, timeout: float) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, env=env, cwd=cwd, timeout=timeout, capture_output=True, text=True)
+    proc.warm = False
+    return proc
 
 
 def _running(pid: int) -> bool:

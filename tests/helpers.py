@@ -104,8 +104,12 @@ def run_child(code: str, timeout: int = 240, *, prelude: bool = True, **env: str
     LOG|name|level|message format that ``plugin_log_lines`` reads."""
     source = (PRELUDE if prelude else "import json\n") + textwrap.dedent(code)
     # cwd: outside the source tree, to import the installed plugin
-    return warm_children.run(["-c", source], env=child_env(**env), base_env=child_env(), cwd=str(HERE.parent.parent),
-                             timeout=timeout)
+    return _python(["-c", source], child_env(**env), HERE.parent.parent, timeout)
+
+
+def _python(argv: list, env: dict, cwd, timeout: float) -> subprocess.CompletedProcess:
+    """``python ARGV``: forked from the warm interpreter, which runs with child_env(), where that is the same."""
+    return warm_children.run(argv, env=env, base_env=child_env(), cwd=str(cwd), timeout=timeout)
 
 
 def child_json(proc: subprocess.CompletedProcess, key: str = "RESULT"):
@@ -265,8 +269,7 @@ def sglang_release() -> tuple:
 def run_cli(*args: str, tmp_path, env: dict = None, python_args=()) -> subprocess.CompletedProcess:
     """``sglang-swa-plugin ARGS`` in a new interpreter (warm where that is the same: run_child),
     outside the source tree."""
-    return warm_children.run([*python_args, "-m", "sglang_swa_plugin.cli", *args], env=child_env() if env is None else env,
-                             base_env=child_env(), cwd=str(tmp_path), timeout=400)
+    return _python([*python_args, "-m", "sglang_swa_plugin.cli", *args], child_env() if env is None else env, tmp_path, 400)
 
 
 def copy_dist(name: str, dest: Path) -> None:

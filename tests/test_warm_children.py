@@ -4,7 +4,6 @@ the same output, exit status, argv, path, environment and working directory, for
 the forked one is checked to have been forked (else this would compare fresh with fresh)."""
 
 import json
-import os
 import sys
 import textwrap
 
@@ -35,11 +34,9 @@ PROBE = textwrap.dedent("""
 def both(argv, tmp_path, **extra):
     """(fresh, forked) results of ``python ARGV`` with child_env(**extra), in tmp_path."""
     env, base = child_env(**extra), child_env()
-    os.environ["SWA_TESTS_FRESH_CHILDREN"] = "1"
-    try:
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("SWA_TESTS_FRESH_CHILDREN", "1")
         fresh = warm_children.run(argv, env=env, base_env=base, cwd=str(tmp_path), timeout=120)
-    finally:
-        del os.environ["SWA_TESTS_FRESH_CHILDREN"]
     forked = warm_children.run(argv, env=env, base_env=base, cwd=str(tmp_path), timeout=240)
     assert not fresh.warm and forked.warm
     return fresh, forked
